@@ -1,0 +1,166 @@
+// sparge: one params struct per operation, passed by value, validated on the host before any launch.
+// Semantics are those of docs/semantics.md (the contract, from shared/DESIGN.md); the CPU backend is
+// the executable specification, the CUDA backend must match it.
+//
+// Logical layouts (strides may describe any storage, NHD or HND):
+//   q      [B, Sq, Hq, D]          k, v  [B, Sk, Hk, D]         o like q
+//   lse    [B, Hq, Sq]  f32        natural-log log-sum-exp of scale*q.k over attended keys
+//   lut    [B, Hq, NQ, NK] i32     ascending selected key blocks, padded with -1
+//   counts [B, Hq, NQ]     i32     number of valid entries of each lut row
+// NQ = ceil(Sq / blkq), NK = ceil(Sk / blkk) (with varlen: of max_seqlen_q / max_seqlen_k).
+#pragma once
+
+#include <string>
+
+#include "sparge/types.h"
+
+namespace sparge {
+
+// Ragged batches as in FlashAttention varlen. When enabled, q/k/v/o have shape[0] == 1 and their
+// dimension 1 is the total token count; sequence s owns rows [cu_seqlens[s], cu_seqlens[s+1]).
+// The "batch" dimension of lut/counts/lse is then the sequence index (num_seqs), and lse's
+// dimension 2 is max_seqlen_q. cu_seqlens live in the backend's memory (device memory for cuda).
+struct Varlen {
+  const std::int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1]
+  const std::int32_t* cu_seqlens_k = nullptr;  // [num_seqs + 1]
+  int num_seqs = 0;
+  int max_seqlen_q = 0;
+  int max_seqlen_k = 0;
+  bool enabled() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Stage 1: the SpargeAttn block map.
+struct BlockMapParams {
+  Tensor q;  // [B, Sq, Hq, D]  f32 (cpu) / f16 / bf16
+  Tensor k;  // [B, Sk, Hk, D]
+  Varlen varlen;
+  int blkq = 64;  // 64 or 128
+  int blkk = 64;  // 64 or 128
+  float scale = 0.0f;  // 0 = 1/sqrt(D)
+  // Exactly one of topk / cdfthreshd must be given; values in (0, 1].
+  PerHead topk;
+  PerHead cdfthreshd;
+  // Self-similarity threshold; a block is self-similar when its similarity is > the threshold.
+  // Empty = no similarity test (every block counts as self-similar).
+  PerHead simthreshd1;
+  bool is_causal = false;
+  bool attention_sink = false;
+  bool smooth_k = true;
+  // Outputs.
+  Tensor lut;     // i32 [B, Hq, NQ, NK]
+  Tensor counts;  // i32 [B, Hq, NQ]
+  // Optional diagnostic outputs (f32), for tests and tooling:
+  Tensor maybe_scores;  // [B, Hq, NQ, NK] scale * pooled_q . pooled_k, -inf where excluded
+  Tensor maybe_q_sim;   // [B, Hq, NQ] self-similarity of each Q block
+  Tensor maybe_k_sim;   // [B, Hk, NK] self-similarity of each (smoothed) K block
+  Exec exec;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Stage 2: block-sparse flash attention over a LUT.
+struct BlockSparseAttentionParams {
+  Tensor q, k, v;    // f32 (cpu) / f16 / bf16; all three the same dtype
+  Tensor o;          // same dtype as q, or f32
+  Tensor maybe_lse;  // f32 [B, Hq, Sq], optional
+  Tensor lut;        // i32 [B, Hq, NQ, NK]
+  Tensor counts;     // i32 [B, Hq, NQ]
+  int blkq = 64;
+  int blkk = 64;
+  Varlen varlen;
+  float scale = 0.0f;  // 0 = 1/sqrt(D)
+  bool is_causal = false;
+  // log2 units, as upstream SpargeAttn (its default is 50); empty = never skip a PV product.
+  PerHead pv_threshold;
+  Exec exec;
+};
+
+// Dense attention. The CPU version accumulates in fp64 and is the oracle for every other path.
+struct DenseAttentionParams {
+  Tensor q, k, v, o;
+  Tensor maybe_lse;   // f32 [B, Hq, Sq]
+  Tensor maybe_mask;  // u8 [B, Hq, Sq, Sk], nonzero = attend; cpu only; stride 0 broadcasts
+  Varlen varlen;
+  float scale = 0.0f;
+  bool is_causal = false;
+  Exec exec;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Stage 3: token-level sparse attention.
+
+// The k largest of each row of scores. Output order: indices whose value is strictly above the
+// k-th largest value, ascending by index, then the indices equal to it, ascending by index, as many
+// as fit. -inf is never selected; rows with fewer than k selectable values are padded with -1.
+// NaN is an input error (runtime_error naming the row on cpu; an error status on cuda).
+struct TopkSelectParams {
+  Tensor scores;        // f32 / f16 [R, N]
+  int k = 0;            // 1 <= k <= N
+  Tensor indices;       // i32 [R, k]
+  Tensor maybe_counts;  // i32 [R]: number of valid (non -1) entries
+  Exec exec;
+};
+
+// Per-row ascending indices of the finite entries of an additive mask (0 / finite = keep,
+// -inf = drop), -1 padded. A row with more than n_max finite entries is an error (overflow),
+// never a silent truncation. NaN and +inf are input errors.
+struct CompactMaskParams {
+  Tensor mask;     // f32 / f16 [R, N]
+  int n_max = 0;
+  Tensor indices;  // i32 [R, n_max]
+  Tensor counts;   // i32 [R]
+  Exec exec;
+};
+
+// Attention of each query row over its own list of keys.
+struct GatherAttentionParams {
+  Tensor q, k, v, o;
+  Tensor maybe_lse;  // f32 [B, Hq, Sq]
+  Tensor indices;    // i32 [B, Hq, Sq, n_max]: key positions, -1 padded after counts
+  Tensor counts;     // i32 [B, Hq, Sq]
+  float scale = 0.0f;
+  // With is_causal, listed keys after the row's causal bound (j > i + Sk - Sq) are not attended.
+  bool is_causal = false;
+  // Group union: the query heads sharing a kv head, over union_rows consecutive query positions,
+  // attend over the union of their lists, each row still masked to its own keys. Same result as
+  // the per-row path (up to summation order); a performance choice of the GPU kernel.
+  bool group_union = false;
+  int union_rows = 64;
+  Exec exec;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Merging partial results by LSE: lse = max + log1p(exp(min - max)), o = sum exp(lse_i - lse) o_i;
+// -inf on both sides gives O = 0, LSE = -inf. The outputs may alias the inputs.
+struct MergeAttentionParams {
+  Tensor o_a, lse_a;  // o [B, S, H, D] f32/f16/bf16, lse f32 [B, H, S]
+  Tensor o_b, lse_b;
+  Tensor o, lse;      // outputs
+  Exec exec;
+};
+
+// One entry per operation. Every entry validates the params on the host and returns a Status whose
+// message names the parameter and the bad value; nothing is launched on bad input.
+Status build_block_map(const BlockMapParams& p);
+Status block_sparse_attention(const BlockSparseAttentionParams& p);
+Status dense_attention(const DenseAttentionParams& p);
+Status topk_select(const TopkSelectParams& p);
+Status compact_mask(const CompactMaskParams& p);
+Status gather_attention(const GatherAttentionParams& p);
+Status merge_attention(const MergeAttentionParams& p);
+
+// Whether run(p) would execute, and if not, why. Shares its decision with the entries above.
+Status supported(const BlockMapParams& p);
+Status supported(const BlockSparseAttentionParams& p);
+Status supported(const DenseAttentionParams& p);
+Status supported(const TopkSelectParams& p);
+Status supported(const CompactMaskParams& p);
+Status supported(const GatherAttentionParams& p);
+Status supported(const MergeAttentionParams& p);
+
+// Whether this build has the CUDA backend and a device to run it on.
+bool cuda_available();
+
+inline std::int64_t num_blocks(std::int64_t len, int blk) { return (len + blk - 1) / blk; }
+
+}  // namespace sparge

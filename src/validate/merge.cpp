@@ -1,0 +1,5 @@
+// PLACEHOLDER: to be replaced by the real validation.
+#include "validate/validate.h"
+namespace sparge::detail {
+Status validate(const MergeAttentionParams& p) { return check_exec("op", p.exec); }
+}  // namespace sparge::detail
