@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Build, check and benchmark on a GPU machine in one go; prints a short table last.
+#   scripts/gpu_check.sh [phase...]   phases: build cpu gpu sanitize bench cpuscale python compare (default: all)
+# Logs go to $OUT (the device tool's output folder) or ./gpu-out.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+B=${BUILD_DIR:-build-gpu}
+phases=${*:-build cpu gpu sanitize bench cpuscale python compare}
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+has() { [[ " $phases " == *" $1 "* ]]; }
+stamp=$(date -u +%Y-%m-%d)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv; nproc; cmake --version | head -1; } 2>&1 | tee "$OUT/machine.txt"
+
+if has build; then
+  t0=$(date +%s)
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARGE_CUDA=ON -DSPARGE_CUDA_ARCHS="${ARCHS:-90a}" >"$OUT/build.log" 2>&1 &&
+    cmake --build "$B" -j "$(nproc)" >>"$OUT/build.log" 2>&1
+  rc=$?
+  note "build rc=$rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -ne 0 ] && tail -40 "$OUT/build.log"
+fi
+
+if has cpuscale; then
+  # CPU backend scaling, in the background while the GPU phases run (they use one core).
+  ( for t in 16 8 4 2 1; do
+      /usr/bin/time -f "threads=$t wall=%e s" "$B/bin/sparge" bench -backend=cpu -b=1 -h=2 -s=8192 -d=128 -topk=0.4 -v=1 -threads=$t -repeat=1 -warmup=0
+    done >"$OUT/cpuscale.log" 2>&1 ) &
+  cpuscale_pid=$!
+fi
+
+if has cpu; then
+  "$B/tests/sparge_tests" >"$OUT/cpu_tests.log" 2>&1; rc=$?
+  note "cpu tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cpu_tests.log" | tr '\n' ' ')"
+fi
+
+if has gpu; then
+  timeout 400 "$B/tests/sparge_gpu_tests" ${GPU_FILTER:+--filter=$GPU_FILTER} >"$OUT/gpu_tests.log" 2>&1; rc=$?
+  note "gpu tests rc=$rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/gpu_tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$OUT/gpu_tests.log" | head -30
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 "$B/tests/sparge_gpu_tests" --filter="${SAN_FILTER:-sq=113|sq=203|r=7|n=1000}" >"$OUT/sanitize_$tool.log" 2>&1; rc=$?
+    note "compute-sanitizer $tool rc=$rc: $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$OUT/sanitize_$tool.log" | tr '\n' ' ')"
+  done
+fi
+
+if has bench; then
+  {
+    echo "# sparge bench on $(nvidia-smi --query-gpu=name --format=csv,noheader), $stamp"
+    for args in "-topk=1.0" "-topk=0.5" "-topk=0.4" "-topk=0.2" "-topk=0.1" "-topk=0.4 -causal=1" "-topk=1.0 -d=64"; do
+      echo "## sparge bench -backend=cuda -b=2 -h=32 -s=16384 -d=128 $args"
+      timeout 120 "$B/bin/sparge" bench -backend=cuda -b=2 -h=32 -s=16384 -d=128 -simthreshd1=0.001 $args
+    done
+    echo "## validation, smaller shape"
+    timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -v=1
+    timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -causal=1 -v=1
+    echo "## block-map scaling, b*h*s fixed"
+    for s in 16384 65536 262144; do
+      timeout 60 "$B/bin/sparge" bench -backend=cuda -b=1 -h=$(( 64 * 16384 / s )) -s=$s -d=128 -topk=0.4 -blkk=64
+    done
+  } >"$OUT/bench.log" 2>&1
+  note "bench: see bench.log ($(grep -c PASS "$OUT/bench.log") PASS, $(grep -c FAIL "$OUT/bench.log") FAIL)"
+fi
+
+if has python; then
+  t0=$(date +%s)
+  (cd python && MAX_JOBS=$(nproc) pip install --no-build-isolation --no-deps --no-index -q . ) >"$OUT/python_build.log" 2>&1; rc=$?
+  note "python build rc=$rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -ne 0 ] && tail -30 "$OUT/python_build.log"
+  timeout 300 python3 -m pytest -q -x python/tests >"$OUT/pytest.log" 2>&1; rc=$?
+  note "pytest rc=$rc: $(tail -1 "$OUT/pytest.log")"
+fi
+
+if has compare; then
+  timeout 400 python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:-} >"$OUT/compare.log" 2>&1; rc=$?
+  note "compare rc=$rc"
+  tail -40 "$OUT/compare.log"
+fi
+
+if [ -n "${cpuscale_pid:-}" ]; then
+  wait "$cpuscale_pid"
+  note "cpu scaling: $(grep -E '^threads=' "$OUT/cpuscale.log" | tr '\n' ' ')"
+fi
+
+echo
+echo "==================== summary ($stamp) ===================="
+for s in "${summary[@]}"; do echo "$s"; done
