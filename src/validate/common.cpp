@@ -83,11 +83,14 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Varlen& varlen) {
 
 Status check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor* v, const Tensor* o,
                  const Varlen& varlen, Backend backend) {
-  const auto float_types = backend == Backend::cpu
-                               ? std::initializer_list<DType>{DType::f32, DType::f16, DType::bf16}
-                               : std::initializer_list<DType>{DType::f16, DType::bf16};
-  SPARGE_RETURN_IF_ERROR(check_tensor(op, "q", q, 4, float_types));
-  SPARGE_RETURN_IF_ERROR(check_tensor(op, "k", k, 4, float_types));
+  // (Not a named std::initializer_list variable: its backing array would die with the full
+  // expression that built it.)
+  auto check_float = [&](const char* name, const Tensor& t) {
+    return backend == Backend::cpu ? check_tensor(op, name, t, 4, {DType::f32, DType::f16, DType::bf16})
+                                   : check_tensor(op, name, t, 4, {DType::f16, DType::bf16});
+  };
+  SPARGE_RETURN_IF_ERROR(check_float("q", q));
+  SPARGE_RETURN_IF_ERROR(check_float("k", k));
   SPARGE_RETURN_IF_ERROR(check_strides(op, "q", q, true));
   SPARGE_RETURN_IF_ERROR(check_strides(op, "k", k, true));
   if (k.dtype != q.dtype) return bad(op, "k.dtype = ", to_string(k.dtype), " differs from q.dtype = ", to_string(q.dtype));
@@ -100,7 +103,7 @@ Status check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor*
     return bad(op, "q.shape[2] (Hq) = ", q.shape[2], " is not a multiple of k.shape[2] (Hk) = ", k.shape[2]);
   }
   if (v != nullptr) {
-    SPARGE_RETURN_IF_ERROR(check_tensor(op, "v", *v, 4, float_types));
+    SPARGE_RETURN_IF_ERROR(check_float("v", *v));
     SPARGE_RETURN_IF_ERROR(check_strides(op, "v", *v, true));
     if (v->dtype != q.dtype) return bad(op, "v.dtype = ", to_string(v->dtype), " differs from q.dtype = ", to_string(q.dtype));
     for (int i = 0; i < 4; ++i) {
