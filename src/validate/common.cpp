@@ -38,6 +38,8 @@ Status check_dim(const char* op, const char* name, const Tensor& t, int dim, std
 }
 
 Status check_strides(const char* op, const char* name, const Tensor& t, bool allow_zero) {
+  // A tensor without elements has no two elements to alias (make_tensor gives it zero strides).
+  if (t.numel() == 0) allow_zero = true;
   for (int i = 0; i < t.ndim; ++i) {
     if (t.stride[i] < 0 || (!allow_zero && t.stride[i] == 0 && t.shape[i] > 1)) {
       return bad(op, name, ".stride[", i, "] = ", t.stride[i],
