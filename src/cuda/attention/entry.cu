@@ -1,0 +1,247 @@
+// Host entries of the portable attention kernel: cuda::block_sparse_attention, cuda::dense_attention
+// and their `supported`. Both entries and both `supported` go through one selection function, so
+// "supported" and "runs" never disagree. Dense attention is the same kernel with the implicit full
+// LUT (KernelParams::lut == nullptr).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cuda/attention/launch.h"
+#include "cuda/cuda_backend.h"
+#include "validate/validate.h"
+
+namespace sparge::cuda {
+namespace {
+
+using attn::KernelParams;
+
+using AttributesFn = cudaError_t (*)(cudaFuncAttributes*);
+using LaunchFn = cudaError_t (*)(const KernelParams&, int, cudaStream_t);
+
+struct Variant {
+  DType dtype;
+  int head_dim, blkq, blkk;
+  AttributesFn attributes;
+  LaunchFn launch;
+};
+
+#define SPARGE_VARIANT(dt, ty, hd, bq, bk) \
+  Variant{dt, hd, bq, bk, &attn::Kernel<ty, hd, bq, bk>::attributes, &attn::Kernel<ty, hd, bq, bk>::launch}
+#define SPARGE_VARIANTS_OF(dt, ty)                                                                        \
+  SPARGE_VARIANT(dt, ty, 64, 64, 64), SPARGE_VARIANT(dt, ty, 64, 64, 128), SPARGE_VARIANT(dt, ty, 64, 128, 64), \
+      SPARGE_VARIANT(dt, ty, 64, 128, 128), SPARGE_VARIANT(dt, ty, 128, 64, 64),                            \
+      SPARGE_VARIANT(dt, ty, 128, 64, 128), SPARGE_VARIANT(dt, ty, 128, 128, 64),                           \
+      SPARGE_VARIANT(dt, ty, 128, 128, 128)
+
+// Every instantiation in inst/ (generate.sh writes the same set).
+const Variant kVariants[] = {SPARGE_VARIANTS_OF(DType::f16, __half), SPARGE_VARIANTS_OF(DType::bf16, __nv_bfloat16)};
+
+#undef SPARGE_VARIANTS_OF
+#undef SPARGE_VARIANT
+
+// Dense attention's tile: 128 query rows (8 warps) and 64-key tiles, FA2's forward shape for both
+// head dims (docs/attention_portable.md). A tuning choice: it changes speed, never results beyond
+// summation order.
+constexpr int kDenseBlockQ = 128;
+constexpr int kDenseBlockK = 64;
+
+// What the selection function needs to know, shared by the sparse and the dense entry.
+struct Problem {
+  const char* op;
+  const Tensor *q, *k, *v, *o, *lse;
+  const Varlen* varlen;
+  int blkq, blkk;
+};
+
+Status check_rows(const char* op, const char* name, const Tensor& t) {
+  if (t.stride[3] != 1 && t.shape[3] > 1) {
+    return unsupported(detail::cat(op, ": ", name, ".stride[3] = ", t.stride[3],
+                                   " is not supported on cuda (the head dim must be contiguous)"));
+  }
+  const std::size_t es = dtype_size(t.dtype);
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
+    return unsupported(detail::cat(op, ": ", name, ".data is not 16-byte aligned (required on cuda)"));
+  }
+  for (int i = 0; i < 3; ++i) {
+    if ((static_cast<std::uint64_t>(t.stride[i]) * es) % 16 != 0) {
+      return unsupported(detail::cat(op, ": ", name, ".stride[", i, "] = ", t.stride[i], " (", t.stride[i] * es,
+                                     " bytes) is not supported on cuda (rows must be 16-byte aligned)"));
+    }
+  }
+  return {};
+}
+
+// The one selection function: picks the instantiation or says why none can run.
+Status select(const Problem& pb, const Variant** out) {
+  const Tensor& q = *pb.q;
+  const std::int64_t d = q.shape[3];
+  if (d != 64 && d != 128) {
+    return unsupported(detail::cat(pb.op, ": head dim ", d, " is not supported on cuda (64, 128)"));
+  }
+  if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
+    return unsupported(detail::cat(pb.op, ": q.dtype = ", to_string(q.dtype), " is not supported on cuda (f16, bf16)"));
+  }
+  if (pb.o->dtype != q.dtype && pb.o->dtype != DType::f32) {
+    return unsupported(detail::cat(pb.op, ": o.dtype = ", to_string(pb.o->dtype), " is not supported on cuda (",
+                                   to_string(q.dtype), " or f32)"));
+  }
+  SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "q", q));
+  SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "k", *pb.k));
+  SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "v", *pb.v));
+  SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "o", *pb.o));
+  const detail::Dims dims = detail::attention_dims(q, *pb.k, *pb.varlen);
+  const std::int64_t tiles = num_blocks(dims.sq, pb.blkq) * dims.hq * dims.batch;
+  if (tiles > std::numeric_limits<int>::max()) {
+    return unsupported(detail::cat(pb.op, ": ", tiles, " query tiles (batch x Hq x ceil(Sq / blkq)) exceed the grid limit 2^31 - 1"));
+  }
+  if (dims.sq > std::numeric_limits<int>::max() / 2 || dims.sk > std::numeric_limits<int>::max() / 2) {
+    return unsupported(detail::cat(pb.op, ": sequence lengths up to 2^30 are supported on cuda (Sq = ", dims.sq,
+                                   ", Sk = ", dims.sk, ")"));
+  }
+  const Variant* chosen = nullptr;
+  for (const Variant& v : kVariants) {
+    if (v.dtype == q.dtype && v.head_dim == d && v.blkq == pb.blkq && v.blkk == pb.blkk) chosen = &v;
+  }
+  if (chosen == nullptr) {
+    return unsupported(detail::cat(pb.op, ": blkq = ", pb.blkq, ", blkk = ", pb.blkk,
+                                   " is not supported on cuda (64 or 128 each)"));
+  }
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return unsupported(detail::cat(pb.op, ": no CUDA device"));
+  cudaFuncAttributes attr{};
+  const cudaError_t err = chosen->attributes(&attr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it, so that a later unrelated call does not report it
+    return unsupported(detail::cat(pb.op, ": this build has no kernel image for device ", dev, " (", cudaGetErrorString(err),
+                                   "); build with SPARGE_CUDA_ARCHS including its architecture (sm_80 covers sm_80..sm_89)"));
+  }
+  int smem_optin = 0;
+  cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  const int need = attn::smem_bytes(static_cast<int>(d), pb.blkq, pb.blkk);
+  if (need > smem_optin) {
+    return unsupported(detail::cat(pb.op, ": head dim ", d, " with blkq = ", pb.blkq, ", blkk = ", pb.blkk, " needs ",
+                                   need, " bytes of shared memory; device ", dev, " allows ", smem_optin));
+  }
+  *out = chosen;
+  return {};
+}
+
+void fill_strides(std::int64_t (&dst)[3], const Tensor& t) {
+  for (int i = 0; i < 3; ++i) dst[i] = t.stride[i];
+}
+
+// Fills the parts of KernelParams common to the sparse and the dense entry.
+KernelParams make_params(const Problem& pb, float scale, bool is_causal) {
+  const Tensor &q = *pb.q, &k = *pb.k, &v = *pb.v, &o = *pb.o;
+  const detail::Dims dims = detail::attention_dims(q, k, *pb.varlen);
+  KernelParams kp{};
+  kp.q = q.data;
+  kp.k = k.data;
+  kp.v = v.data;
+  kp.o = o.data;
+  fill_strides(kp.q_stride, q);
+  fill_strides(kp.k_stride, k);
+  fill_strides(kp.v_stride, v);
+  fill_strides(kp.o_stride, o);
+  kp.o_is_f32 = o.dtype == DType::f32;
+  if (pb.lse->present()) {
+    kp.lse = pb.lse->ptr<float>();
+    fill_strides(kp.lse_stride, *pb.lse);
+  }
+  kp.cu_seqlens_q = pb.varlen->enabled() ? pb.varlen->cu_seqlens_q : nullptr;
+  kp.cu_seqlens_k = pb.varlen->enabled() ? pb.varlen->cu_seqlens_k : nullptr;
+  kp.seq_q = static_cast<int>(dims.sq);
+  kp.seq_k = static_cast<int>(dims.sk);
+  kp.batch = static_cast<int>(dims.batch);
+  kp.hq = static_cast<int>(dims.hq);
+  kp.hk = static_cast<int>(dims.hk);
+  kp.nq = static_cast<int>(num_blocks(dims.sq, pb.blkq));
+  const float s = scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(dims.d)) : scale;
+  kp.scale_log2 = s * 1.4426950408889634f;
+  kp.is_causal = is_causal;
+  kp.heavy_first = is_causal;
+  return kp;
+}
+
+Status launch(const Problem& pb, const Variant& variant, const KernelParams& kp, cudaStream_t stream) {
+  const std::int64_t tiles = static_cast<std::int64_t>(kp.nq) * kp.hq * kp.batch;
+  if (tiles == 0) return {};
+  const cudaError_t err = variant.launch(kp, static_cast<int>(tiles), stream);
+  if (err != cudaSuccess) return runtime_error(detail::cat(pb.op, ": kernel launch failed: ", cudaGetErrorString(err)));
+  return {};
+}
+
+Problem sparse_problem(const BlockSparseAttentionParams& p) {
+  return {"block_sparse_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, p.blkq, p.blkk};
+}
+Problem dense_problem(const DenseAttentionParams& p) {
+  return {"dense_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, kDenseBlockQ, kDenseBlockK};
+}
+
+Status select_dense(const DenseAttentionParams& p, const Variant** out) {
+  if (p.maybe_mask.present()) {
+    return unsupported("dense_attention: maybe_mask is not supported on cuda (it is the CPU oracle's test hook)");
+  }
+  return select(dense_problem(p), out);
+}
+
+}  // namespace
+
+Status supported(const BlockSparseAttentionParams& p) {
+  const Variant* v = nullptr;
+  return select(sparse_problem(p), &v);
+}
+
+Status block_sparse_attention(const BlockSparseAttentionParams& p) {
+  const Variant* variant = nullptr;
+  const Problem pb = sparse_problem(p);
+  SPARGE_RETURN_IF_ERROR(select(pb, &variant));
+  KernelParams kp = make_params(pb, p.scale, p.is_causal);
+  kp.lut = p.lut.ptr<const std::int32_t>();
+  kp.counts = p.counts.ptr<const std::int32_t>();
+  for (int i = 0; i < 4; ++i) kp.lut_stride[i] = p.lut.stride[i];
+  for (int i = 0; i < 3; ++i) kp.counts_stride[i] = p.counts.stride[i];
+  kp.nk_lut = static_cast<int>(p.lut.shape[3]);
+  auto stream = static_cast<cudaStream_t>(p.exec.stream);
+
+  // pv_threshold: one value travels in the params; Hq values go to a stream-ordered device copy
+  // that is freed behind the kernel on the same stream.
+  float* thr_dev = nullptr;
+  if (!p.pv_threshold.empty()) {
+    kp.use_pv_threshold = true;
+    if (p.pv_threshold.size() == 1) {
+      kp.pv_threshold = p.pv_threshold[0];
+    } else {
+      const std::size_t bytes = p.pv_threshold.size() * sizeof(float);
+      if (cudaMallocAsync(reinterpret_cast<void**>(&thr_dev), bytes, stream) != cudaSuccess ||
+          cudaMemcpyAsync(thr_dev, p.pv_threshold.data(), bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) {
+        const cudaError_t err = cudaGetLastError();
+        if (thr_dev != nullptr) cudaFreeAsync(thr_dev, stream);
+        return runtime_error(detail::cat("block_sparse_attention: copying pv_threshold to the device failed: ",
+                                         cudaGetErrorString(err)));
+      }
+      kp.pv_threshold_per_head = thr_dev;
+    }
+  }
+  const Status st = launch(pb, *variant, kp, stream);
+  if (thr_dev != nullptr) cudaFreeAsync(thr_dev, stream);
+  return st;
+}
+
+Status supported(const DenseAttentionParams& p) {
+  const Variant* v = nullptr;
+  return select_dense(p, &v);
+}
+
+Status dense_attention(const DenseAttentionParams& p) {
+  const Variant* variant = nullptr;
+  SPARGE_RETURN_IF_ERROR(select_dense(p, &variant));
+  const KernelParams kp = make_params(dense_problem(p), p.scale, p.is_causal);
+  return launch(dense_problem(p), *variant, kp, static_cast<cudaStream_t>(p.exec.stream));
+}
+
+}  // namespace sparge::cuda

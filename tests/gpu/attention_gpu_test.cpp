@@ -1,0 +1,720 @@
+// GPU tests of the portable attention kernel (block-sparse and dense) and of merge_attention,
+// against the CPU backend on the same rounded inputs.
+//
+// Pass criterion (FlashAttention-3 style): with the CPU backend (fp64) as the oracle, the kernel's
+// max error must be at most 2x the max error of a plain fp32 reference of the same computation on
+// the same inputs (online softmax in LUT order, P rounded to the input dtype before PV, written
+// below), plus 1e-5 (plus the output dtype's own rounding of the oracle when O is stored as f16 or
+// bf16). NaN/Inf must match exactly, guard regions must be intact, and every written position of
+// poisoned outputs must have been overwritten.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_harness.h"
+#include "sparge/half.h"
+#include "sparge/ops.h"
+
+namespace sparge::test {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+enum class Lut { dense_api, full, empty, one, random };
+
+const char* to_string(Lut m) {
+  switch (m) {
+    case Lut::dense_api: return "dense";
+    case Lut::full: return "full";
+    case Lut::empty: return "empty";
+    case Lut::one: return "one";
+    default: return "random";
+  }
+}
+
+struct Cfg {
+  DType dt = DType::f16;
+  int b = 1, hq = 2, hk = 2, sq = 128, sk = 128, d = 64, blkq = 64, blkk = 64;
+  bool causal = false, lse = true, hnd = false, o_f32 = true;
+  std::vector<int> lens_q, lens_k;  // varlen when non-empty (b = number of sequences)
+  Lut lut = Lut::random;
+  double density = 0.5;
+  float pv_thr = 0.0f;  // 0 = off
+  float scale = 0.0f;
+  float q_mul = 1.0f;   // multiplies q (logit spread tests)
+  bool pv_probe = false;  // inputs built so that pv_threshold skips blocks that matter
+  // Extra absolute noise for the logit-spread cases: with logits ~1e3..1e4 an fp32 logit carries
+  // ~1e-2 of rounding (tensor-core and sequential sums round differently), which moves the few
+  // non-negligible weights of a near-tie by more than 2x the reference's own error.
+  double spread_noise_o = 0.0, spread_noise_lse = 0.0;
+
+  bool varlen() const { return !lens_q.empty(); }
+  std::string name() const {
+    Name n(lut == Lut::dense_api ? "DENSE" : "BSA");
+    n("dt", sparge::to_string(dt))("b", b)("hq", hq)("hk", hk);
+    if (varlen()) {
+      std::string s;
+      for (size_t i = 0; i < lens_q.size(); ++i) s += (i ? "/" : "") + std::to_string(lens_q[i]) + ":" + std::to_string(lens_k[i]);
+      n("varlen", s);
+    } else {
+      n("sq", sq)("sk", sk);
+    }
+    n("d", d);
+    if (lut != Lut::dense_api) n("blkq", blkq)("blkk", blkk)("lut", to_string(lut));
+    if (lut == Lut::random) n("density", density);
+    n("causal", causal)("lse", lse)("layout", hnd ? "HND" : "NHD")("o", o_f32 ? "f32" : sparge::to_string(dt));
+    if (pv_thr > 0) n("pv", pv_thr);
+    if (scale != 0) n("scale", scale);
+    if (q_mul != 1) n("qmul", q_mul);
+    if (pv_probe) n("probe", 1);
+    return n.str();
+  }
+};
+
+// Host copy of one logical [B, S, H, D] tensor (floats already rounded to the dtype).
+struct Host4 {
+  std::int64_t B, S, H, D;
+  std::vector<float> v;
+  float& at(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) { return v[((b * S + s) * H + h) * D + d]; }
+  float at(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const { return v[((b * S + s) * H + h) * D + d]; }
+};
+
+// Element strides of a [B, S, H, D] tensor stored NHD or HND.
+void strides_of(bool hnd, std::int64_t S, std::int64_t H, std::int64_t D, std::int64_t (&st)[4]) {
+  if (hnd) {
+    st[0] = H * S * D; st[1] = D; st[2] = S * D; st[3] = 1;
+  } else {
+    st[0] = S * H * D; st[1] = H * D; st[2] = D; st[3] = 1;
+  }
+}
+
+Tensor view(void* data, DType dt, const Host4& t, bool hnd) {
+  std::int64_t st[4];
+  strides_of(hnd, t.S, t.H, t.D, st);
+  return make_tensor(data, dt, {t.B, t.S, t.H, t.D}, {st[0], st[1], st[2], st[3]});
+}
+
+// Logical -> storage order (NHD or HND).
+std::vector<float> to_layout(const Host4& t, bool hnd) {
+  std::int64_t st[4];
+  strides_of(hnd, t.S, t.H, t.D, st);
+  std::vector<float> out(t.v.size());
+  for (std::int64_t b = 0; b < t.B; ++b)
+    for (std::int64_t s = 0; s < t.S; ++s)
+      for (std::int64_t h = 0; h < t.H; ++h)
+        for (std::int64_t d = 0; d < t.D; ++d) out[b * st[0] + s * st[1] + h * st[2] + d] = t.at(b, s, h, d);
+  return out;
+}
+
+float element(const std::vector<std::uint16_t>& raw, DType dt, std::size_t i) {
+  return dt == DType::f16 ? half_to_float(raw[i]) : bf16_to_float(raw[i]);
+}
+
+float round_to(float x, DType dt) {
+  if (dt == DType::f16) return half_to_float(float_to_half(x));
+  if (dt == DType::bf16) return bf16_to_float(float_to_bf16(x));
+  return x;
+}
+
+// Sequence bounds of batch entry b: rows [q_begin, q_begin + sq) of dimension 1 of batch index
+// q_batch (0 with varlen).
+struct SeqInfo {
+  int q_batch, q_begin, sq, k_begin, sk;
+};
+
+struct Problem {
+  Cfg c;
+  Host4 q, k, v;
+  std::vector<std::int32_t> cu_q, cu_k;
+  int batch = 0, max_sq = 0, max_sk = 0, nq = 0, nk = 0, blkq = 0, blkk = 0;
+  std::vector<std::int32_t> lut, counts;  // [batch, hq, nq, nk], [batch, hq, nq]
+
+  SeqInfo seq(int b) const {
+    if (!c.varlen()) return {b, 0, c.sq, 0, c.sk};
+    return {0, cu_q[b], cu_q[b + 1] - cu_q[b], cu_k[b], cu_k[b + 1] - cu_k[b]};
+  }
+};
+
+Problem make_problem(const Cfg& c) {
+  Problem p;
+  p.c = c;
+  auto rng = rng_for(c.name());
+  std::int64_t tq = c.sq, tk = c.sk, B = c.b;
+  if (c.varlen()) {
+    p.cu_q = {0};
+    p.cu_k = {0};
+    for (size_t i = 0; i < c.lens_q.size(); ++i) {
+      p.cu_q.push_back(p.cu_q.back() + c.lens_q[i]);
+      p.cu_k.push_back(p.cu_k.back() + c.lens_k[i]);
+    }
+    tq = p.cu_q.back();
+    tk = p.cu_k.back();
+    B = 1;
+    p.batch = static_cast<int>(c.lens_q.size());
+    p.max_sq = *std::max_element(c.lens_q.begin(), c.lens_q.end());
+    p.max_sk = *std::max_element(c.lens_k.begin(), c.lens_k.end());
+  } else {
+    p.batch = c.b;
+    p.max_sq = c.sq;
+    p.max_sk = c.sk;
+  }
+  p.q = {B, tq, c.hq, c.d, std::vector<float>(static_cast<size_t>(B * tq * c.hq * c.d))};
+  p.k = {B, tk, c.hk, c.d, std::vector<float>(static_cast<size_t>(B * tk * c.hk * c.d))};
+  p.v = {B, tk, c.hk, c.d, std::vector<float>(static_cast<size_t>(B * tk * c.hk * c.d))};
+  fill_normal(p.q.v, rng);
+  fill_normal(p.k.v, rng);
+  fill_normal(p.v.v, rng);
+  for (float& x : p.q.v) x *= c.q_mul;
+  p.blkq = c.lut == Lut::dense_api ? 128 : c.blkq;
+  p.blkk = c.lut == Lut::dense_api ? 64 : c.blkk;
+  if (c.pv_probe) {
+    // q . k = 10 for keys of key block 0 and 0 elsewhere (scale 1), V of the other blocks is 1000:
+    // with pv_threshold < 14 every block after the first is skipped, and skipping moves O by
+    // about 1000 * (their weight ~ e^-10), far above the tolerance.
+    std::fill(p.q.v.begin(), p.q.v.end(), 0.0f);
+    std::fill(p.k.v.begin(), p.k.v.end(), 0.0f);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < tq; ++s)
+        for (int h = 0; h < c.hq; ++h) p.q.at(b, s, h, 0) = 2.5f;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < tk; ++s)
+        for (int h = 0; h < c.hk; ++h) {
+          if (s < p.blkk) {
+            p.k.at(b, s, h, 0) = 4.0f;
+          } else {
+            for (int d = 0; d < c.d; ++d) p.v.at(b, s, h, d) = 1000.0f;
+          }
+        }
+  }
+  p.q.v = round_through(p.q.v, c.dt);
+  p.k.v = round_through(p.k.v, c.dt);
+  p.v.v = round_through(p.v.v, c.dt);
+
+  p.nq = static_cast<int>(num_blocks(p.max_sq, p.blkq));
+  p.nk = static_cast<int>(num_blocks(p.max_sk, p.blkk));
+  p.lut.assign(static_cast<size_t>(p.batch) * c.hq * p.nq * p.nk, -1);
+  p.counts.assign(static_cast<size_t>(p.batch) * c.hq * p.nq, 0);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int b = 0; b < p.batch; ++b) {
+    const SeqInfo s = p.seq(b);
+    const int nq_seq = static_cast<int>(num_blocks(s.sq, p.blkq));
+    const int nk_seq = static_cast<int>(num_blocks(s.sk, p.blkk));
+    for (int h = 0; h < c.hq; ++h) {
+      for (int qb = 0; qb < nq_seq; ++qb) {
+        std::vector<int> sel;
+        for (int kb = 0; kb < nk_seq; ++kb) {
+          const bool take = c.lut == Lut::full || c.lut == Lut::dense_api || (c.lut == Lut::random && u(rng) < c.density);
+          if (take) sel.push_back(kb);
+        }
+        if (c.lut == Lut::one && nk_seq > 0) sel.push_back(static_cast<int>(u(rng) * nk_seq) % nk_seq);
+        const size_t row = ((static_cast<size_t>(b) * c.hq + h) * p.nq + qb);
+        p.counts[row] = static_cast<int>(sel.size());
+        for (size_t e = 0; e < sel.size(); ++e) p.lut[row * p.nk + e] = sel[e];
+      }
+    }
+  }
+  return p;
+}
+
+// The plain fp32 reference: the same block walk as the kernel and the CPU (online softmax in LUT
+// order, pv_threshold per query block), in fp32, with P rounded to the input dtype before PV.
+// out_o [total_q rows of the logical q layout], out_lse [batch, hq, max_sq].
+void reference_fp32(const Problem& p, std::vector<float>& out_o, std::vector<float>& out_lse) {
+  const Cfg& c = p.c;
+  out_o.assign(p.q.v.size(), 0.0f);
+  out_lse.assign(static_cast<size_t>(p.batch) * c.hq * p.max_sq, kNegInf);
+  const float scale = c.scale != 0 ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.d));
+  const float scale_log2 = scale * 1.4426950408889634f;
+  const int group = c.hq / c.hk;
+  for (int b = 0; b < p.batch; ++b) {
+    const SeqInfo s = p.seq(b);
+    for (int h = 0; h < c.hq; ++h) {
+      const int hk = h / group;
+      const float thr = c.pv_thr;
+      for (int qb = 0; qb * p.blkq < s.sq; ++qb) {
+        const int i0 = qb * p.blkq, n = std::min(p.blkq, s.sq - i0);
+        std::vector<float> m(n, kNegInf), l(n, 0.0f), acc(static_cast<size_t>(n) * c.d, 0.0f), x(n), mn(n);
+        std::vector<float> t(static_cast<size_t>(n) * p.blkk);
+        const size_t row = ((static_cast<size_t>(b) * c.hq + h) * p.nq + qb);
+        for (int e = 0; e < p.counts[row]; ++e) {
+          const int kb = p.lut[row * p.nk + e];
+          const int j0 = kb * p.blkk;
+          for (int r = 0; r < n; ++r) {
+            const int i = i0 + r;
+            const long long lim = c.causal ? std::min<long long>(s.sk - 1, static_cast<long long>(i) + s.sk - s.sq) : s.sk - 1;
+            float mx = kNegInf;
+            for (int j = 0; j < p.blkk; ++j) {
+              float val = kNegInf;
+              if (j0 + j <= lim) {
+                float dot = 0.0f;
+                for (int d = 0; d < c.d; ++d) dot += p.q.at(s.q_batch, s.q_begin + i, h, d) * p.k.at(s.q_batch, s.k_begin + j0 + j, hk, d);
+                val = dot * scale_log2;
+              }
+              t[static_cast<size_t>(r) * p.blkk + j] = val;
+              mx = std::max(mx, val);
+            }
+            x[r] = mx;
+            mn[r] = std::max(m[r], mx);
+          }
+          bool skip = thr > 0;
+          for (int r = 0; r < n && skip; ++r) skip = x[r] == kNegInf || (x[r] - mn[r]) + thr <= 0.0f;
+          for (int r = 0; r < n; ++r) {
+            const float mu = mn[r] == kNegInf ? 0.0f : mn[r];
+            const float alpha = std::exp2(m[r] - mu);
+            float sum = 0.0f;
+            for (int j = 0; j < p.blkk; ++j) {
+              float& pj = t[static_cast<size_t>(r) * p.blkk + j];
+              pj = std::exp2(pj - mu);
+              sum += pj;
+            }
+            l[r] = l[r] * alpha + sum;
+            m[r] = mn[r];
+            for (int d = 0; d < c.d; ++d) acc[static_cast<size_t>(r) * c.d + d] *= alpha;
+            if (skip) continue;
+            for (int j = 0; j < p.blkk && j0 + j < s.sk; ++j) {
+              const float pr = round_to(t[static_cast<size_t>(r) * p.blkk + j], c.dt);
+              if (pr == 0.0f) continue;
+              for (int d = 0; d < c.d; ++d) acc[static_cast<size_t>(r) * c.d + d] += pr * p.v.at(s.q_batch, s.k_begin + j0 + j, hk, d);
+            }
+          }
+        }
+        for (int r = 0; r < n; ++r) {
+          const int i = i0 + r;
+          const bool empty = !(l[r] > 0.0f);
+          for (int d = 0; d < c.d; ++d) {
+            const float o = empty ? 0.0f : acc[static_cast<size_t>(r) * c.d + d] / l[r];
+            out_o[((static_cast<size_t>(s.q_batch) * p.q.S + s.q_begin + i) * c.hq + h) * c.d + d] = c.o_f32 ? o : round_to(o, c.dt);
+          }
+          out_lse[(static_cast<size_t>(b) * c.hq + h) * p.max_sq + i] = empty ? kNegInf : (m[r] + std::log2(l[r])) * 0.6931471805599453f;
+        }
+      }
+    }
+  }
+}
+
+// The oracle: the CPU backend on f32 copies of the rounded inputs (block_sparse_attention, or
+// dense_attention for the dense cases).
+void oracle_cpu(const Problem& p, std::vector<float>& out_o, std::vector<float>& out_lse) {
+  const Cfg& c = p.c;
+  Host4 qf = p.q, kf = p.k, vf = p.v;
+  out_o.assign(p.q.v.size(), 0.0f);
+  out_lse.assign(static_cast<size_t>(p.batch) * c.hq * p.max_sq, kNegInf);
+  Host4 o = p.q;
+  Tensor tq = view(qf.v.data(), DType::f32, qf, false), tk = view(kf.v.data(), DType::f32, kf, false),
+         tv = view(vf.v.data(), DType::f32, vf, false), to = view(out_o.data(), DType::f32, o, false);
+  Tensor tl = make_tensor(out_lse.data(), DType::f32, {p.batch, c.hq, p.max_sq});
+  Varlen vl;
+  if (c.varlen()) vl = {p.cu_q.data(), p.cu_k.data(), p.batch, p.max_sq, p.max_sk};
+  Status st;
+  if (c.lut == Lut::dense_api) {
+    DenseAttentionParams d;
+    d.q = tq; d.k = tk; d.v = tv; d.o = to; d.maybe_lse = tl; d.varlen = vl; d.scale = c.scale; d.is_causal = c.causal;
+    st = dense_attention(d);
+  } else {
+    BlockSparseAttentionParams s;
+    s.q = tq; s.k = tk; s.v = tv; s.o = to; s.maybe_lse = tl; s.varlen = vl; s.scale = c.scale; s.is_causal = c.causal;
+    s.blkq = c.blkq; s.blkk = c.blkk;
+    s.lut = make_tensor(const_cast<std::int32_t*>(p.lut.data()), DType::i32, {p.batch, c.hq, p.nq, p.nk});
+    s.counts = make_tensor(const_cast<std::int32_t*>(p.counts.data()), DType::i32, {p.batch, c.hq, p.nq});
+    if (c.pv_thr > 0) s.pv_threshold = PerHead(&c.pv_thr, 1);
+    st = block_sparse_attention(s);
+  }
+  ASSERT_TRUE(st.ok()) << "cpu oracle: " << st.message();
+}
+
+// Runs the CUDA kernel; returns O in the logical layout (as float) and the LSE.
+struct GpuOut {
+  std::vector<float> o, lse;
+  bool guards = true;
+};
+
+GpuOut run_gpu(const Problem& p, int repeats = 1, std::vector<std::vector<std::uint32_t>>* bits = nullptr) {
+  const Cfg& c = p.c;
+  GpuOut out;
+  DeviceGuarded<std::uint16_t> dq(p.q.v.size()), dk(p.k.v.size()), dv(p.v.v.size());
+  dq.upload(to_storage16(to_layout(p.q, c.hnd), c.dt));
+  dk.upload(to_storage16(to_layout(p.k, c.hnd), c.dt));
+  dv.upload(to_storage16(to_layout(p.v, c.hnd), c.dt));
+  DeviceGuarded<float> do32(c.o_f32 ? p.q.v.size() : 0);
+  DeviceGuarded<std::uint16_t> do16(c.o_f32 ? 0 : p.q.v.size());
+  const size_t nlse = static_cast<size_t>(p.batch) * c.hq * p.max_sq;
+  DeviceGuarded<float> dlse(nlse);
+  DeviceGuarded<std::int32_t> dlut(p.lut.size()), dcnt(p.counts.size()), dcuq(p.cu_q.size()), dcuk(p.cu_k.size());
+  dlut.upload(p.lut);
+  dcnt.upload(p.counts);
+  if (c.varlen()) {
+    dcuq.upload(p.cu_q);
+    dcuk.upload(p.cu_k);
+  }
+  Tensor tq = view(dq.data(), c.dt, p.q, c.hnd), tk = view(dk.data(), c.dt, p.k, c.hnd),
+         tv = view(dv.data(), c.dt, p.v, c.hnd);
+  Tensor to = c.o_f32 ? view(do32.data(), DType::f32, p.q, c.hnd) : view(do16.data(), c.dt, p.q, c.hnd);
+  Tensor tl;
+  if (c.lse) tl = make_tensor(dlse.data(), DType::f32, {p.batch, c.hq, p.max_sq});
+  Varlen vl;
+  if (c.varlen()) vl = {dcuq.data(), dcuk.data(), p.batch, p.max_sq, p.max_sk};
+  Exec ex{Backend::cuda, nullptr, 0};
+  for (int rep = 0; rep < repeats; ++rep) {
+    if (c.o_f32) do32.poison(); else do16.poison();
+    dlse.poison();
+    Status st;
+    if (c.lut == Lut::dense_api) {
+      DenseAttentionParams d;
+      d.q = tq; d.k = tk; d.v = tv; d.o = to; d.maybe_lse = tl; d.varlen = vl; d.scale = c.scale; d.is_causal = c.causal;
+      d.exec = ex;
+      st = dense_attention(d);
+    } else {
+      BlockSparseAttentionParams s;
+      s.q = tq; s.k = tk; s.v = tv; s.o = to; s.maybe_lse = tl; s.varlen = vl; s.scale = c.scale; s.is_causal = c.causal;
+      s.blkq = c.blkq; s.blkk = c.blkk; s.exec = ex;
+      s.lut = make_tensor(dlut.data(), DType::i32, {p.batch, c.hq, p.nq, p.nk});
+      s.counts = make_tensor(dcnt.data(), DType::i32, {p.batch, c.hq, p.nq});
+      if (c.pv_thr > 0) s.pv_threshold = PerHead(&c.pv_thr, 1);
+      st = block_sparse_attention(s);
+    }
+    EXPECT_TRUE(st.ok()) << st.message();
+    SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+    if (bits != nullptr) {
+      std::vector<std::uint32_t> h;
+      if (c.o_f32) {
+        for (float f : do32.download()) h.push_back(float_to_bits(f));
+      } else {
+        for (std::uint16_t u : do16.download()) h.push_back(u);
+      }
+      for (float f : dlse.download()) h.push_back(float_to_bits(f));
+      bits->push_back(std::move(h));
+    }
+  }
+  std::vector<float> stored(p.q.v.size());
+  if (c.o_f32) {
+    stored = do32.download();
+  } else {
+    const auto raw = do16.download();
+    for (size_t i = 0; i < raw.size(); ++i) stored[i] = element(raw, c.dt, i);
+  }
+  // Storage -> logical.
+  std::int64_t st4[4];
+  strides_of(c.hnd, p.q.S, p.q.H, p.q.D, st4);
+  out.o.resize(stored.size());
+  for (std::int64_t b = 0; b < p.q.B; ++b)
+    for (std::int64_t s = 0; s < p.q.S; ++s)
+      for (std::int64_t h = 0; h < p.q.H; ++h)
+        for (std::int64_t d = 0; d < p.q.D; ++d)
+          out.o[((b * p.q.S + s) * p.q.H + h) * p.q.D + d] = stored[b * st4[0] + s * st4[1] + h * st4[2] + d];
+  out.lse = dlse.download();
+  out.guards = dq.guards_intact() && dk.guards_intact() && dv.guards_intact() && do32.guards_intact() &&
+               do16.guards_intact() && dlse.guards_intact() && dlut.guards_intact() && dcnt.guards_intact();
+  return out;
+}
+
+// Positions of lse that the kernel writes (rows inside their sequence).
+std::vector<char> lse_written(const Problem& p) {
+  std::vector<char> w(static_cast<size_t>(p.batch) * p.c.hq * p.max_sq, 0);
+  for (int b = 0; b < p.batch; ++b) {
+    const SeqInfo s = p.seq(b);
+    for (int h = 0; h < p.c.hq; ++h)
+      for (int i = 0; i < s.sq; ++i) w[(static_cast<size_t>(b) * p.c.hq + h) * p.max_sq + i] = 1;
+  }
+  return w;
+}
+
+void check_case(const Cfg& c) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const Problem p = make_problem(c);
+  std::vector<float> oracle_o, oracle_lse, ref_o, ref_lse;
+  oracle_cpu(p, oracle_o, oracle_lse);
+  if (::testing::Test::HasFatalFailure()) return;
+  reference_fp32(p, ref_o, ref_lse);
+  const GpuOut g = run_gpu(p);
+  EXPECT_TRUE(g.guards) << "a guard region was overwritten";
+
+  // O: every position belongs to some sequence row here (the tensors hold exactly the tokens).
+  const Error eg = compare(g.o.data(), oracle_o.data(), oracle_o.size());
+  const Error er = compare(ref_o.data(), oracle_o.data(), oracle_o.size());
+  double noise = 1e-5 + c.spread_noise_o;
+  if (!c.o_f32) {
+    double rep = 0;
+    for (float x : oracle_o) rep = std::max(rep, static_cast<double>(std::abs(round_to(x, c.dt) - x)));
+    noise += rep;
+  }
+  EXPECT_EQ(eg.nonfinite_mismatch, 0) << "O non-finite mismatch (unwritten or NaN): " << describe(eg);
+  EXPECT_EQ(er.nonfinite_mismatch, 0) << "fp32 reference disagrees with the oracle on NaN/Inf: " << describe(er);
+  EXPECT_LE(eg.max_abs, 2 * er.max_abs + noise) << "O: gpu " << describe(eg) << " vs fp32 reference " << describe(er);
+
+  if (c.lse) {
+    const auto w = lse_written(p);
+    std::vector<float> gl, ol, rl;
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (!w[i]) continue;
+      gl.push_back(g.lse[i]);
+      ol.push_back(oracle_lse[i]);
+      rl.push_back(ref_lse[i]);
+    }
+    const Error lg = compare(gl.data(), ol.data(), ol.size());
+    const Error lr = compare(rl.data(), ol.data(), ol.size());
+    EXPECT_EQ(lg.nonfinite_mismatch, 0) << "LSE non-finite mismatch: " << describe(lg);
+    EXPECT_LE(lg.max_abs, 2 * lr.max_abs + 1e-5 + c.spread_noise_lse) << "LSE: gpu " << describe(lg) << " vs fp32 reference " << describe(lr);
+  }
+}
+
+// ---- case lists ----------------------------------------------------------------------------------
+const DType kTypes[] = {DType::f16, DType::bf16};
+const int kDims[] = {64, 128};
+const int kBlocks[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
+
+void add(std::vector<Case>& cases, const Cfg& c) {
+  cases.push_back({c.name(), [c] { check_case(c); }});
+}
+
+}  // namespace
+
+SPARGE_CASES(AttentionGpuSparse) {
+  // Every (dtype, head dim, block shape) x causal x odd length pairs, random LUTs.
+  const int kLens[][2] = {{1, 1}, {113, 203}, {203, 113}, {799, 3}, {256, 256}};
+  for (DType dt : kTypes)
+    for (int d : kDims)
+      for (auto& bl : kBlocks)
+        for (bool causal : {false, true})
+          for (auto& len : kLens) {
+            Cfg c;
+            c.dt = dt; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.causal = causal; c.sq = len[0]; c.sk = len[1];
+            c.lut = Lut::random; c.density = 0.6;
+            add(cases, c);
+          }
+  // Densities 0, one block, 0.1, 1.0 (full LUT).
+  for (DType dt : kTypes)
+    for (int d : kDims)
+      for (auto& bl : kBlocks)
+        for (Lut m : {Lut::empty, Lut::one, Lut::random, Lut::full}) {
+          Cfg c;
+          c.dt = dt; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.sq = 300; c.sk = 700; c.lut = m; c.density = 0.1;
+          c.causal = m == Lut::full;
+          add(cases, c);
+        }
+  // GQA, NHD/HND, LSE off, O in the input dtype.
+  for (DType dt : kTypes)
+    for (int d : kDims)
+      for (auto& bl : kBlocks) {
+        Cfg c;
+        c.dt = dt; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.b = 2; c.hq = 6; c.hk = 2; c.sq = 203; c.sk = 331;
+        c.causal = true; c.hnd = true; c.density = 0.5;
+        add(cases, c);
+        c.hnd = false; c.hq = 4; c.hk = 1; c.lse = false; c.o_f32 = false; c.causal = false;
+        add(cases, c);
+      }
+  // Varlen (ragged batches; the LUT batch index is the sequence), including an empty sequence and
+  // Sq > Sk (empty causal rows).
+  for (DType dt : kTypes)
+    for (int d : kDims)
+      for (auto& bl : kBlocks)
+        for (bool causal : {false, true}) {
+          Cfg c;
+          c.dt = dt; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.causal = causal; c.hq = 4; c.hk = 2;
+          c.lens_q = {113, 0, 64, 203, 7};
+          c.lens_k = {203, 5, 64, 113, 0};
+          c.b = 5; c.density = 0.7; c.hnd = causal;
+          add(cases, c);
+        }
+  // pv_threshold: random data (skips are rare, decisions must agree) and the probe whose skips
+  // change O visibly.
+  for (DType dt : kTypes)
+    for (int d : kDims)
+      for (auto& bl : kBlocks) {
+        Cfg c;
+        c.dt = dt; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.sq = 257; c.sk = 513; c.pv_thr = 2.0f; c.density = 0.8;
+        c.scale = 0.5f;  // wider logits, more skips
+        add(cases, c);
+        c.pv_probe = true; c.pv_thr = 4.0f; c.scale = 1.0f; c.lut = Lut::full; c.causal = false;
+        add(cases, c);
+      }
+  // Empty rows: Sq > Sk under causal masking.
+  for (DType dt : kTypes)
+    for (auto& bl : kBlocks) {
+      Cfg c;
+      c.dt = dt; c.d = 128; c.blkq = bl[0]; c.blkk = bl[1]; c.sq = 300; c.sk = 100; c.causal = true; c.lut = Lut::full;
+      add(cases, c);
+    }
+  // Logit spreads of ~1e4 (massive activations): finite, within the same tolerance.
+  for (DType dt : kTypes)
+    for (int d : kDims) {
+      Cfg c;
+      c.dt = dt; c.d = d; c.sq = 200; c.sk = 600; c.scale = 200.0f; c.density = 0.7; c.causal = true;
+      c.spread_noise_o = 0.02;
+      c.spread_noise_lse = 0.1;
+      add(cases, c);
+    }
+}
+
+SPARGE_CASES(AttentionGpuDense) {
+  const int kLens[][2] = {{1, 1}, {113, 203}, {203, 113}, {799, 3}, {3, 799}, {1024, 1024}};
+  for (DType dt : kTypes)
+    for (int d : kDims)
+      for (bool causal : {false, true})
+        for (auto& len : kLens) {
+          Cfg c;
+          c.dt = dt; c.d = d; c.causal = causal; c.sq = len[0]; c.sk = len[1]; c.lut = Lut::dense_api;
+          c.hq = 4; c.hk = 2; c.hnd = len[0] == 113; c.o_f32 = len[0] != 203;
+          add(cases, c);
+        }
+  for (DType dt : kTypes)
+    for (int d : kDims)
+      for (bool causal : {false, true}) {
+        Cfg c;
+        c.dt = dt; c.d = d; c.causal = causal; c.lut = Lut::dense_api; c.hq = 8; c.hk = 2;
+        c.lens_q = {1, 799, 0, 128, 129};
+        c.lens_k = {1, 3, 17, 128, 300};
+        c.b = 5;
+        add(cases, c);
+      }
+}
+
+SPARGE_CASES(AttentionGpuProperties) {
+  // 400 relaunches of one mid-size case give bitwise the same O and LSE.
+  cases.push_back({"BSA_DETERMINISM(dt=bf16,b=2,hq=4,hk=2,sq=1000,sk=1000,d=128,causal=1,relaunches=400)", [] {
+    if (!have_gpu()) GTEST_SKIP() << "no GPU";
+    Cfg c;
+    c.dt = DType::bf16; c.b = 2; c.hq = 4; c.hk = 2; c.sq = 1000; c.sk = 1000; c.d = 128; c.causal = true;
+    c.blkq = 128; c.blkk = 64; c.density = 0.5; c.pv_thr = 6.0f;
+    const Problem p = make_problem(c);
+    std::vector<std::vector<std::uint32_t>> bits;
+    const GpuOut g = run_gpu(p, 400, &bits);
+    EXPECT_TRUE(g.guards);
+    int differing = 0;
+    for (size_t i = 1; i < bits.size(); ++i) differing += bits[i] != bits[0];
+    EXPECT_EQ(differing, 0) << differing << " of 399 relaunches differ from the first";
+  }});
+  // supported() and the entry share one selection function and name what they reject.
+  cases.push_back({"BSA_UNSUPPORTED(head_dim=96,stride3=2,maybe_mask)", [] {
+    if (!have_gpu()) GTEST_SKIP() << "no GPU";
+    DeviceGuarded<std::uint16_t> buf(2 * 64 * 2 * 192);
+    DeviceGuarded<std::int32_t> lut(4), cnt(2);
+    DeviceGuarded<std::uint8_t> mask(2 * 64 * 64);
+    BlockSparseAttentionParams s;
+    s.exec.backend = Backend::cuda;
+    s.q = make_tensor(buf.data(), DType::f16, {1, 64, 2, 96});
+    s.k = s.q; s.v = s.q; s.o = s.q;
+    s.lut = make_tensor(lut.data(), DType::i32, {1, 2, 1, 1});
+    s.counts = make_tensor(cnt.data(), DType::i32, {1, 2, 1});
+    Status st = supported(s);
+    EXPECT_EQ(st.code(), StatusCode::unsupported) << st.message();
+    EXPECT_NE(st.message().find("head dim 96"), std::string::npos) << st.message();
+    EXPECT_EQ(block_sparse_attention(s).message(), st.message());
+    s.q = make_tensor(buf.data(), DType::f16, {1, 64, 1, 64}, {64 * 2 * 64, 2 * 64, 64, 2});
+    s.k = s.q; s.v = s.q; s.o = s.q;
+    s.lut = make_tensor(lut.data(), DType::i32, {1, 1, 1, 1});
+    s.counts = make_tensor(cnt.data(), DType::i32, {1, 1, 1});
+    st = supported(s);
+    EXPECT_EQ(st.code(), StatusCode::unsupported) << st.message();
+    EXPECT_NE(st.message().find("stride[3]"), std::string::npos) << st.message();
+    DenseAttentionParams d;
+    d.exec.backend = Backend::cuda;
+    d.q = make_tensor(buf.data(), DType::f16, {1, 64, 1, 64});
+    d.k = d.q; d.v = d.q; d.o = d.q;
+    d.maybe_mask = make_tensor(mask.data(), DType::u8, {1, 1, 64, 64});
+    st = dense_attention(d);
+    EXPECT_EQ(st.code(), StatusCode::unsupported) << st.message();
+    EXPECT_NE(st.message().find("maybe_mask"), std::string::npos) << st.message();
+  }});
+}
+
+// ---- merge ---------------------------------------------------------------------------------------
+namespace {
+struct MergeCfg {
+  DType dt;
+  bool alias;
+};
+
+void check_merge(const MergeCfg& mc) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const int B = 2, S = 37, H = 3, D = 72;
+  const size_t no = static_cast<size_t>(B) * S * H * D, nl = static_cast<size_t>(B) * H * S;
+  auto rng = rng_for(std::string("merge") + sparge::to_string(mc.dt) + (mc.alias ? "a" : ""));
+  std::vector<float> oa(no), ob(no), la(nl), lb(nl);
+  fill_normal(oa, rng);
+  fill_normal(ob, rng);
+  fill_uniform(la, rng, -5.0f, 5.0f);
+  fill_uniform(lb, rng, -5.0f, 5.0f);
+  for (size_t i = 0; i < nl; i += 5) la[i] = kNegInf;           // a empty
+  for (size_t i = 0; i < nl; i += 7) lb[i] = kNegInf;           // b empty (both at multiples of 35)
+  for (size_t i = 3; i < nl; i += 11) lb[i] = la[i] + 30.0f;    // one side dominates
+  if (mc.dt != DType::f32) {
+    oa = round_through(oa, mc.dt);
+    ob = round_through(ob, mc.dt);
+  }
+  // CPU oracle in f32.
+  std::vector<float> co(no), cl(nl);
+  MergeAttentionParams cp;
+  cp.o_a = make_tensor(oa.data(), DType::f32, {B, S, H, D});
+  cp.o_b = make_tensor(ob.data(), DType::f32, {B, S, H, D});
+  cp.o = make_tensor(co.data(), DType::f32, {B, S, H, D});
+  cp.lse_a = make_tensor(la.data(), DType::f32, {B, H, S});
+  cp.lse_b = make_tensor(lb.data(), DType::f32, {B, H, S});
+  cp.lse = make_tensor(cl.data(), DType::f32, {B, H, S});
+  Status st = merge_attention(cp);
+  ASSERT_TRUE(st.ok()) << st.message();
+
+  const bool f32 = mc.dt == DType::f32;
+  DeviceGuarded<float> da32(f32 ? no : 0), db32(f32 ? no : 0), do32(f32 ? no : 0);
+  DeviceGuarded<std::uint16_t> da16(f32 ? 0 : no), db16(f32 ? 0 : no), do16(f32 ? 0 : no);
+  DeviceGuarded<float> dla(nl), dlb(nl), dlo(nl);
+  if (f32) {
+    da32.upload(oa);
+    db32.upload(ob);
+    do32.poison();
+  } else {
+    da16.upload(to_storage16(oa, mc.dt));
+    db16.upload(to_storage16(ob, mc.dt));
+    do16.poison();
+  }
+  dla.upload(la);
+  dlb.upload(lb);
+  dlo.poison();
+  void* pa = f32 ? static_cast<void*>(da32.data()) : da16.data();
+  void* pb = f32 ? static_cast<void*>(db32.data()) : db16.data();
+  void* po = mc.alias ? pa : (f32 ? static_cast<void*>(do32.data()) : do16.data());
+  MergeAttentionParams gp;
+  gp.exec.backend = Backend::cuda;
+  gp.o_a = make_tensor(pa, mc.dt, {B, S, H, D});
+  gp.o_b = make_tensor(pb, mc.dt, {B, S, H, D});
+  gp.o = make_tensor(po, mc.dt, {B, S, H, D});
+  gp.lse_a = make_tensor(dla.data(), DType::f32, {B, H, S});
+  gp.lse_b = make_tensor(dlb.data(), DType::f32, {B, H, S});
+  gp.lse = make_tensor(mc.alias ? dla.data() : dlo.data(), DType::f32, {B, H, S});
+  st = merge_attention(gp);
+  ASSERT_TRUE(st.ok()) << st.message();
+  SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> go(no);
+  const bool out_is_a = mc.alias;
+  if (f32) {
+    go = out_is_a ? da32.download() : do32.download();
+  } else {
+    const auto raw = out_is_a ? da16.download() : do16.download();
+    for (size_t i = 0; i < no; ++i) go[i] = element(raw, mc.dt, i);
+  }
+  const std::vector<float> gl = mc.alias ? dla.download() : dlo.download();
+  double tol = 1e-5;
+  if (!f32) tol += mc.dt == DType::f16 ? 4e-3 : 3e-2;  // one rounding of |O| <= ~4 to the dtype
+  const Error eo = compare(go.data(), co.data(), no), el = compare(gl.data(), cl.data(), nl);
+  EXPECT_EQ(eo.nonfinite_mismatch, 0) << describe(eo);
+  EXPECT_EQ(el.nonfinite_mismatch, 0) << describe(el);
+  EXPECT_LE(eo.max_abs, tol) << describe(eo);
+  EXPECT_LE(el.max_abs, 1e-5) << describe(el);
+  for (size_t i = 0; i < nl; i += 35) EXPECT_EQ(gl[i], kNegInf) << "both sides empty at " << i;
+  EXPECT_TRUE(da32.guards_intact() && db32.guards_intact() && do32.guards_intact() && da16.guards_intact() &&
+              db16.guards_intact() && do16.guards_intact() && dla.guards_intact() && dlb.guards_intact() &&
+              dlo.guards_intact());
+}
+}  // namespace
+
+SPARGE_CASES(MergeGpu) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (bool alias : {false, true}) {
+      const MergeCfg mc{dt, alias};
+      cases.push_back({Name("MERGE")("dt", sparge::to_string(dt))("alias", alias).str(), [mc] { check_merge(mc); }});
+    }
+}
+
+}  // namespace sparge::test
