@@ -1,0 +1,315 @@
+// gather_attention, step 2: flash attention of BM rows of one group over the group's key union
+// (gather_common.cuh), 64 union positions per step. K/V rows are gathered with cp.async into
+// double-buffered shared memory while the previous step computes; S = Q K^T and O += P V use
+// mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulation); online softmax in the log2 domain.
+// Deterministic: the walk order, the warp's fragment layout and the quad reductions are fixed.
+//
+// The tile invariant (seed 003: "a tile resolves one row for all its rows, so the gate has to
+// encode the invariant that makes the rows interchangeable"): this tile resolves ONE key set for
+// all its rows -- the group's union -- and that is only correct because (a) every row of the
+// group reads the same kv head (rows = the G heads of one kv head, gr = pos * G + head), so one
+// K/V load serves them all, and (b) every row is masked to its own list by its membership mask
+// word, so a key in the union that a row did not list contributes exactly nothing (p = 0). The
+// rows are interchangeable for the loads, never for the mask.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/gather/gather_common.cuh"
+
+namespace sparge::cuda::gather {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBM = 16 * kWarps;  // rows per tile: each warp owns 16 rows
+constexpr int kBN = 64;           // union positions per step = one 64-bit mask word
+
+struct AttnArgs {
+  Geometry geo;
+  const void* q;
+  const void* k;
+  const void* v;
+  std::int64_t q0, q1, q2;  // element strides (dim 3 is contiguous)
+  std::int64_t k0, k1, k2;
+  std::int64_t v0, v1, v2;
+  void* o;
+  bool o_f32;
+  std::int64_t o0, o1, o2, o3;
+  float* lse;  // nullptr when absent
+  std::int64_t l0, l1, l2;
+  float scale_log2;  // scale * log2(e), computed once on the host
+  std::int64_t first_group;
+  Scratch scratch;
+};
+
+template <class T>
+struct Mma;
+template <>
+struct Mma<__half> {
+  __device__ static void run(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static std::uint32_t pack(float x, float y) {
+    __half2 h = __floats2half2_rn(x, y);  // x in the low half: the lower column
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  }
+  __device__ static void store2(__half* p, std::int64_t stride, float x, float y) {
+    p[0] = __float2half_rn(x);
+    p[stride] = __float2half_rn(y);
+  }
+};
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ static void run(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static std::uint32_t pack(float x, float y) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  }
+  __device__ static void store2(__nv_bfloat16* p, std::int64_t stride, float x, float y) {
+    p[0] = __float2bfloat16_rn(x);
+    p[stride] = __float2bfloat16_rn(y);
+  }
+};
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte cp.async; src_bytes = 0 fills the destination with zeros (rows past the end), so the
+// masked-out tail never multiplies garbage (0 * NaN) into O.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// Shared-memory tiles are [rows][D] with the 16-byte chunks of a row XOR-swizzled by (row & 7):
+// the 8 rows an ldmatrix reads at one logical chunk land in 8 distinct bank groups.
+template <int D>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+template <class T, int D>
+__device__ __forceinline__ void load_kv(const AttnArgs& a, const GroupPos& gp, const std::int32_t* keys, int U,
+                                        int blk, T* sk, T* sv) {
+  constexpr int kChunks = D / 8;
+  const T* kb = static_cast<const T*>(a.k) + gp.b * a.k0 + gp.hk * a.k2;
+  const T* vb = static_cast<const T*>(a.v) + gp.b * a.v0 + gp.hk * a.v2;
+#pragma unroll
+  for (int it = 0; it < kBN * kChunks / kThreads; ++it) {
+    const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const int u = blk * kBN + row;
+    const bool valid = u < U;
+    const std::int64_t j = valid ? keys[u] : 0;
+    cp_async16(sk + swz<D>(row, chunk), kb + j * a.k1 + chunk * 8, valid);
+    cp_async16(sv + swz<D>(row, chunk), vb + j * a.v1 + chunk * 8, valid);
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const AttnArgs a) {
+  static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
+  constexpr int kChunks = D / 8;
+  constexpr int kNT = kBN / 8;  // n-tiles of S
+  constexpr int kDT = D / 8;    // n-tiles of O
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sq = reinterpret_cast<T*>(smem_raw);
+  T* sk = sq + kBM * D;        // [2][kBN][D]
+  T* sv = sk + 2 * kBN * D;    // [2][kBN][D]
+
+  const Geometry& geo = a.geo;
+  const int w = static_cast<int>(blockIdx.y);
+  const GroupPos gp = group_pos(geo, a.first_group + w);
+  const int row0 = static_cast<int>(blockIdx.x) * kBM;
+  if (row0 >= gp.rows) return;  // the group's last positions were cut off by Sq
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int U = a.scratch.union_size[w];
+  const std::int32_t* keys = a.scratch.union_keys + w * a.scratch.ucap;
+  const unsigned long long* masks = a.scratch.masks + w * a.scratch.words_cap * geo.rows;
+  const int nblk = (U + kBN - 1) / kBN;
+
+  // Q rows of the tile (zero past the group's rows).
+  {
+    const T* qb = static_cast<const T*>(a.q) + gp.b * a.q0;
+#pragma unroll
+    for (int it = 0; it < kBM * kChunks / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
+      const int r = idx / kChunks, chunk = idx % kChunks;
+      const int gr = row0 + r;
+      const bool valid = gr < gp.rows;
+      const std::int64_t i = valid ? gp.i0 + gr / geo.g : 0;
+      const std::int64_t h = valid ? gp.hk * geo.g + gr % geo.g : 0;
+      cp_async16(sq + swz<D>(r, chunk), qb + i * a.q1 + h * a.q2 + chunk * 8, valid);
+    }
+  }
+  cp_async_commit();
+  if (nblk > 0) load_kv<T, D>(a, gp, keys, U, 0, sk, sv);
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+
+  // Q fragments (A operand) stay in registers for the whole walk.
+  std::uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    ldmatrix_x4(qf[ks], sq + swz<D>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+  }
+
+  // This thread's two rows of the warp's 16: r = lane / 4 and r + 8 (mma accumulator layout).
+  const int gr_lo = row0 + warp * 16 + (lane >> 2);
+  const int gr_hi = gr_lo + 8;
+  const int tq = lane & 3;
+  float o[kDT][4];
+#pragma unroll
+  for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};  // running max of the scaled logits (log2 domain)
+  float l[2] = {0.0f, 0.0f};            // this thread's partial row sums
+
+#pragma unroll 1
+  for (int blk = 0; blk < nblk; ++blk) {
+    const unsigned long long mask_lo = gr_lo < gp.rows ? masks[static_cast<std::int64_t>(blk) * geo.rows + gr_lo] : 0ull;
+    const unsigned long long mask_hi = gr_hi < gp.rows ? masks[static_cast<std::int64_t>(blk) * geo.rows + gr_hi] : 0ull;
+    const bool prefetch = blk + 1 < nblk;
+    if (prefetch) load_kv<T, D>(a, gp, keys, U, blk + 1, sk + ((blk + 1) & 1) * kBN * D, sv + ((blk + 1) & 1) * kBN * D);
+    cp_async_commit();
+    const T* ck = sk + (blk & 1) * kBN * D;
+    const T* cv = sv + (blk & 1) * kBN * D;
+
+    // S = Q K^T for the warp's 16 rows x 64 keys.
+    float s[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, ck + swz<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+        Mma<T>::run(s[2 * np], qf[ks], b[0], b[1]);
+        Mma<T>::run(s[2 * np + 1], qf[ks], b[2], b[3]);
+      }
+    }
+
+    // Mask each row to its own keys, then the online softmax update.
+#pragma unroll
+    for (int hrow = 0; hrow < 2; ++hrow) {
+      const unsigned long long mask = hrow == 0 ? mask_lo : mask_hi;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n * 8 + tq * 2 + e;
+          float& x = s[n][hrow * 2 + e];
+          x = ((mask >> col) & 1ull) ? x * a.scale_log2 : -INFINITY;
+          mx = fmaxf(mx, x);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[hrow], mx);
+      // A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0
+      // rather than NaN (-inf - -inf).
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m[hrow] - m_use);
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[n][hrow * 2 + e];
+          x = exp2f(x - m_use);
+          sum += x;
+        }
+      }
+      l[hrow] = l[hrow] * alpha + sum;
+      m[hrow] = m_new;
+#pragma unroll
+      for (int d = 0; d < kDT; ++d) {
+        o[d][hrow * 2] *= alpha;
+        o[d][hrow * 2 + 1] *= alpha;
+      }
+    }
+
+    // O += P V: P comes straight from the S accumulators (same fragment layout as an A operand).
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      std::uint32_t p[4];
+      p[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      p[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      p[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      p[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, cv + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+        Mma<T>::run(o[2 * dp], p, b[0], b[1]);
+        Mma<T>::run(o[2 * dp + 1], p, b[2], b[3]);
+      }
+    }
+
+    // The next step's K/V must have landed, and every warp must be done with this buffer before
+    // the step after next overwrites it.
+    cp_async_wait_all();
+    __syncthreads();
+  }
+
+  // Epilogue: full row sums across the quad, normalise, write O and LSE.
+#pragma unroll
+  for (int hrow = 0; hrow < 2; ++hrow) {
+    float sum = l[hrow];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int gr = hrow == 0 ? gr_lo : gr_hi;
+    if (gr >= gp.rows) continue;
+    const std::int64_t i = gp.i0 + gr / geo.g;
+    const std::int64_t h = gp.hk * geo.g + gr % geo.g;
+    // l == 0: the row attended nothing (empty list or fully masked): O = 0, LSE = -inf.
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const std::int64_t obase = gp.b * a.o0 + i * a.o1 + h * a.o2;
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) {
+      const std::int64_t col = d * 8 + tq * 2;
+      const float x = o[d][hrow * 2] * inv, y = o[d][hrow * 2 + 1] * inv;
+      if (a.o_f32) {
+        float* op = static_cast<float*>(a.o) + obase + col * a.o3;
+        op[0] = x;
+        op[a.o3] = y;
+      } else {
+        Mma<T>::store2(static_cast<T*>(a.o) + obase + col * a.o3, a.o3, x, y);
+      }
+    }
+    if (a.lse != nullptr && tq == 0) {
+      const float m_use = m[hrow] == -INFINITY ? 0.0f : m[hrow];
+      a.lse[gp.b * a.l0 + h * a.l1 + i * a.l2] = sum > 0.0f ? m_use * 0.69314718055994531f + logf(sum) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace sparge::cuda::gather

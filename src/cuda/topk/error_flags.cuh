@@ -1,0 +1,57 @@
+// Device-side error reporting of the token kernels. A kernel that finds bad data (a NaN score, an
+// index out of range, a row over n_max) records the lowest (row, column) with an atomicMin on a
+// packed 64-bit word, so the report does not depend on which thread or block saw it first; the
+// host entry synchronises on the stream, reads the words and turns them into a Status.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sparge::cuda::flags {
+
+inline constexpr unsigned long long kNone = ~0ull;
+
+__host__ __device__ inline unsigned long long pack(std::uint64_t row, std::uint32_t col) {
+  return (static_cast<unsigned long long>(row) << 32) | col;
+}
+inline std::uint64_t row_of(unsigned long long w) { return w >> 32; }
+inline std::uint32_t col_of(unsigned long long w) { return static_cast<std::uint32_t>(w & 0xffffffffu); }
+
+__device__ __forceinline__ void record(unsigned long long* word, std::uint64_t row, std::uint32_t col) {
+  atomicMin(word, pack(row, col));
+}
+
+// A small block of flag words in device memory, allocated on the stream (stream-ordered allocator),
+// set to kNone, and read back after the kernels with a stream synchronisation.
+template <int kWords>
+class DeviceFlags {
+ public:
+  explicit DeviceFlags(cudaStream_t s) : stream_(s) {}
+  ~DeviceFlags() {
+    if (dev_ != nullptr) cudaFreeAsync(dev_, stream_);
+  }
+  DeviceFlags(const DeviceFlags&) = delete;
+  DeviceFlags& operator=(const DeviceFlags&) = delete;
+
+  cudaError_t init() {
+    cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&dev_), sizeof(host_), stream_);
+    if (e != cudaSuccess) return e;
+    return cudaMemsetAsync(dev_, 0xff, sizeof(host_), stream_);  // every word = kNone
+  }
+  unsigned long long* device() { return dev_; }
+  // Copies the words back and waits for the stream.
+  cudaError_t fetch() {
+    cudaError_t e = cudaMemcpyAsync(host_, dev_, sizeof(host_), cudaMemcpyDeviceToHost, stream_);
+    if (e != cudaSuccess) return e;
+    return cudaStreamSynchronize(stream_);
+  }
+  unsigned long long operator[](int i) const { return host_[i]; }
+
+ private:
+  cudaStream_t stream_;
+  unsigned long long* dev_ = nullptr;
+  unsigned long long host_[kWords] = {};
+};
+
+}  // namespace sparge::cuda::flags

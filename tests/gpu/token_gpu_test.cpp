@@ -1,0 +1,732 @@
+// Stage 3 on the GPU against the CPU backend (docs/semantics.md, "Stage 3"):
+//   TOPK_GPU*     index lists and counts bitwise identical to the CPU backend (ties, -inf, +inf,
+//                 k = N, k = 1, short rows, f16/f32, strided rows), NaN -> error naming the row,
+//                 400 relaunches bitwise identical, timing of the 512 x 131072, k = 2048 shape;
+//   COMPACT_GPU*  lists and counts identical to the CPU backend, overflow and NaN/+inf errors;
+//   GATHER_GPU*   O and LSE vs an fp64 oracle within 2x the error of a same-precision reference
+//                 (+ noise), vs the CPU backend, group_union == per-row, bad lists, 400 relaunches,
+//                 and the hd128 / 2048 keys / 64-row groups timing with the measured union overlap.
+// Every output is poisoned before the run (an unwritten element shows) and guarded on both sides.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "gpu/gpu_harness.h"
+
+namespace sparge::test {
+namespace {
+
+Exec gpu_exec() { return Exec{Backend::cuda, nullptr, 0}; }
+Exec cpu_exec() { return Exec{Backend::cpu, nullptr, 0}; }
+
+// Host scores of dtype t as raw bytes (f32 or f16 storage).
+std::vector<unsigned char> to_bytes(const std::vector<float>& v, DType t) {
+  std::vector<unsigned char> out(v.size() * dtype_size(t));
+  if (t == DType::f32) {
+    std::memcpy(out.data(), v.data(), out.size());
+  } else {
+    const auto h = to_storage16(v, t);
+    std::memcpy(out.data(), h.data(), out.size());
+  }
+  return out;
+}
+
+// ---- topk_select -------------------------------------------------------------------------------
+enum class ScoreKind { normal, quantised, neg_inf_heavy, pos_inf, all_neg_inf, zeros_signed };
+
+std::vector<float> make_scores(ScoreKind kind, std::int64_t r, std::int64_t n, std::mt19937_64& rng) {
+  std::vector<float> s(static_cast<size_t>(r * n));
+  fill_normal(s, rng);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (auto& x : s) {
+    switch (kind) {
+      case ScoreKind::normal: break;
+      case ScoreKind::quantised: x = std::round(x * 2.0f); break;  // ~13 levels: many ties
+      case ScoreKind::neg_inf_heavy: if (u(rng) < 0.9f) x = -INFINITY; else x = std::round(x); break;
+      case ScoreKind::pos_inf: { const float c = u(rng); if (c < 0.05f) x = INFINITY; else if (c < 0.3f) x = -INFINITY; } break;
+      case ScoreKind::all_neg_inf: x = -INFINITY; break;
+      case ScoreKind::zeros_signed: x = u(rng) < 0.5f ? 0.0f : (u(rng) < 0.5f ? -0.0f : std::round(x)); break;
+    }
+  }
+  return s;
+}
+
+struct TopkRun {
+  std::vector<std::int32_t> idx, counts;
+  Status st;
+};
+
+// Runs topk_select on `backend` over scores stored [r, n] with row stride ld (>= n) and column
+// stride cs; outputs poisoned and guarded.
+TopkRun run_topk(Backend backend, const std::vector<float>& s_logical, std::int64_t r, std::int64_t n, int k, DType t,
+                 std::int64_t cs = 1, std::int64_t ld = -1) {
+  if (ld < 0) ld = n * cs;
+  std::vector<float> stored(static_cast<size_t>(r * ld), -7.0f);
+  for (std::int64_t i = 0; i < r; ++i)
+    for (std::int64_t j = 0; j < n; ++j) stored[static_cast<size_t>(i * ld + j * cs)] = s_logical[static_cast<size_t>(i * n + j)];
+  const auto bytes = to_bytes(stored, t);
+  TopkRun out;
+  if (backend == Backend::cpu) {
+    Guarded<std::int32_t> idx(static_cast<size_t>(r * k)), cnt(static_cast<size_t>(r));
+    idx.poison();
+    cnt.poison();
+    TopkSelectParams p;
+    p.scores = make_tensor(const_cast<unsigned char*>(bytes.data()), t, {r, n}, {ld, cs});
+    p.k = k;
+    p.indices = make_tensor(idx.data(), DType::i32, {r, k});
+    p.maybe_counts = make_tensor(cnt.data(), DType::i32, {r});
+    p.exec = cpu_exec();
+    out.st = topk_select(p);
+    out.idx.assign(idx.data(), idx.data() + idx.size());
+    out.counts.assign(cnt.data(), cnt.data() + cnt.size());
+    EXPECT_TRUE(idx.guards_intact() && cnt.guards_intact());
+    return out;
+  }
+  DeviceGuarded<unsigned char> ds(bytes.size());
+  ds.upload(bytes);
+  DeviceGuarded<std::int32_t> idx(static_cast<size_t>(r * k)), cnt(static_cast<size_t>(r));
+  idx.poison();
+  cnt.poison();
+  TopkSelectParams p;
+  p.scores = make_tensor(ds.data(), t, {r, n}, {ld, cs});
+  p.k = k;
+  p.indices = make_tensor(idx.data(), DType::i32, {r, k});
+  p.maybe_counts = make_tensor(cnt.data(), DType::i32, {r});
+  p.exec = gpu_exec();
+  out.st = topk_select(p);
+  out.idx = idx.download();
+  out.counts = cnt.download();
+  EXPECT_TRUE(idx.guards_intact()) << "indices guard overwritten";
+  EXPECT_TRUE(cnt.guards_intact()) << "counts guard overwritten";
+  return out;
+}
+
+void expect_same_lists(const TopkRun& cpu, const TopkRun& gpu, std::int64_t width) {
+  ASSERT_TRUE(cpu.st.ok()) << cpu.st.message();
+  ASSERT_TRUE(gpu.st.ok()) << gpu.st.message();
+  ASSERT_EQ(cpu.idx.size(), gpu.idx.size());
+  for (size_t i = 0; i < cpu.idx.size(); ++i) {
+    if (cpu.idx[i] != gpu.idx[i]) {
+      FAIL() << "indices differ at row " << i / width << " slot " << i % width << ": cpu " << cpu.idx[i] << " gpu " << gpu.idx[i];
+    }
+  }
+  for (size_t i = 0; i < cpu.counts.size(); ++i) ASSERT_EQ(cpu.counts[i], gpu.counts[i]) << "counts differ at row " << i;
+}
+
+const char* kind_name(ScoreKind k) {
+  switch (k) {
+    case ScoreKind::normal: return "normal";
+    case ScoreKind::quantised: return "quantised";
+    case ScoreKind::neg_inf_heavy: return "neginf90";
+    case ScoreKind::pos_inf: return "posinf";
+    case ScoreKind::all_neg_inf: return "allneginf";
+    case ScoreKind::zeros_signed: return "signedzeros";
+  }
+  return "?";
+}
+
+SPARGE_CASES(TopkGpu) {
+  struct Shape { std::int64_t r, n; int k; ScoreKind kind; std::int64_t cs; };
+  const Shape shapes[] = {
+      {64, 4096, 64, ScoreKind::normal, 1},      {64, 4096, 64, ScoreKind::quantised, 1},
+      {33, 5000, 700, ScoreKind::quantised, 1},  {16, 20000, 2048, ScoreKind::quantised, 1},
+      {16, 20000, 2048, ScoreKind::neg_inf_heavy, 1}, {16, 3001, 100, ScoreKind::pos_inf, 1},
+      {8, 1000, 1000, ScoreKind::normal, 1},     {8, 1000, 1000, ScoreKind::quantised, 1},  // k = N
+      {8, 1000, 1000, ScoreKind::pos_inf, 1},    {32, 777, 1, ScoreKind::normal, 1},        // k = 1
+      {32, 777, 1, ScoreKind::quantised, 1},     {4, 513, 37, ScoreKind::all_neg_inf, 1},
+      {16, 10007, 300, ScoreKind::neg_inf_heavy, 1},  // fewer than k selectable in most rows
+      {16, 4096, 900, ScoreKind::zeros_signed, 1},    {7, 3333, 123, ScoreKind::quantised, 3},  // strided
+      {1, 131072, 2048, ScoreKind::quantised, 1},     {3, 17, 5, ScoreKind::quantised, 1},
+  };
+  for (const Shape& sh : shapes) {
+    for (DType t : {DType::f32, DType::f16}) {
+      const std::string name = Name("TOPK_GPU")("r", sh.r)("n", sh.n)("k", sh.k)("dtype", to_string(t))("scores", kind_name(sh.kind))("cs", sh.cs);
+      cases.push_back({name, [sh, t, name] {
+                         if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                         auto rng = rng_for(name);
+                         const auto s = make_scores(sh.kind, sh.r, sh.n, rng);
+                         const auto cpu = run_topk(Backend::cpu, s, sh.r, sh.n, sh.k, t, sh.cs);
+                         const auto gpu = run_topk(Backend::cuda, s, sh.r, sh.n, sh.k, t, sh.cs);
+                         expect_same_lists(cpu, gpu, sh.k);
+                       }});
+    }
+  }
+  // Row stride not a multiple of the vector width: the strided path, same answer.
+  cases.push_back({"TOPK_GPU(r=9,n=1000,k=50,dtype=f32,ld=1001)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     auto rng = rng_for("TOPK_GPU_ld");
+                     const auto s = make_scores(ScoreKind::quantised, 9, 1000, rng);
+                     expect_same_lists(run_topk(Backend::cpu, s, 9, 1000, 50, DType::f32, 1, 1001),
+                                       run_topk(Backend::cuda, s, 9, 1000, 50, DType::f32, 1, 1001), 50);
+                   }});
+  for (DType t : {DType::f32, DType::f16}) {
+    cases.push_back({Name("TOPK_GPU_NAN")("dtype", to_string(t)), [t] {
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       auto rng = rng_for("TOPK_GPU_NAN");
+                       auto s = make_scores(ScoreKind::normal, 12, 3000, rng);
+                       s[static_cast<size_t>(9 * 3000 + 2500)] = NAN;
+                       s[static_cast<size_t>(5 * 3000 + 17)] = NAN;  // the lowest row is reported
+                       const auto gpu = run_topk(Backend::cuda, s, 12, 3000, 40, t);
+                       EXPECT_EQ(gpu.st.code(), StatusCode::invalid_argument);
+                       EXPECT_NE(gpu.st.message().find("scores[5, 17]"), std::string::npos) << gpu.st.message();
+                       EXPECT_NE(gpu.st.message().find("row 5"), std::string::npos) << gpu.st.message();
+                     }});
+  }
+  cases.push_back({"TOPK_GPU_RELAUNCH(r=64,n=20000,k=2048,dtype=f32,runs=400)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     auto rng = rng_for("TOPK_GPU_RELAUNCH");
+                     const std::int64_t r = 64, n = 20000;
+                     const int k = 2048;
+                     const auto s = make_scores(ScoreKind::quantised, r, n, rng);
+                     DeviceGuarded<float> ds(s.size());
+                     ds.upload(s);
+                     DeviceGuarded<std::int32_t> idx(static_cast<size_t>(r * k));
+                     TopkSelectParams p;
+                     p.scores = make_tensor(ds.data(), DType::f32, {r, n});
+                     p.k = k;
+                     p.indices = make_tensor(idx.data(), DType::i32, {r, k});
+                     p.exec = gpu_exec();
+                     std::vector<std::int32_t> first;
+                     for (int run = 0; run < 400; ++run) {
+                       idx.poison();
+                       ASSERT_TRUE(topk_select(p).ok());
+                       auto got = idx.download();
+                       if (run == 0) first = got;
+                       else ASSERT_EQ(std::memcmp(first.data(), got.data(), got.size() * 4), 0) << "run " << run << " differs";
+                     }
+                   }});
+  // The PERF.md shape: correctness against the CPU, then the kernel time (median of 20 runs).
+  for (DType t : {DType::f32, DType::f16}) {
+    const std::string name = Name("TOPK_GPU")("r", 512)("n", 131072)("k", 2048)("dtype", to_string(t));
+    cases.push_back({name, [t, name] {
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       const std::int64_t r = 512, n = 131072;
+                       const int k = 2048;
+                       auto rng = rng_for(name);
+                       const auto s = make_scores(ScoreKind::normal, r, n, rng);
+                       expect_same_lists(run_topk(Backend::cpu, s, r, n, k, t), run_topk(Backend::cuda, s, r, n, k, t), k);
+                       const auto bytes = to_bytes(s, t);
+                       DeviceGuarded<unsigned char> ds(bytes.size());
+                       ds.upload(bytes);
+                       DeviceGuarded<std::int32_t> idx(static_cast<size_t>(r * k));
+                       TopkSelectParams p;
+                       p.scores = make_tensor(ds.data(), t, {r, n});
+                       p.k = k;
+                       p.indices = make_tensor(idx.data(), DType::i32, {r, k});
+                       p.exec = gpu_exec();
+                       cudaEvent_t e0, e1;
+                       SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
+                       SPARGE_CUDA_CHECK(cudaEventCreate(&e1));
+                       std::vector<float> ms;
+                       for (int it = 0; it < 23; ++it) {
+                         SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+                         ASSERT_TRUE(topk_select(p).ok());
+                         SPARGE_CUDA_CHECK(cudaEventRecord(e1));
+                         SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
+                         float x = 0;
+                         SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
+                         if (it >= 3) ms.push_back(x);
+                       }
+                       std::sort(ms.begin(), ms.end());
+                       std::printf("[perf] %s: median %.3f ms (min %.3f, max %.3f), includes the error-flag sync\n", name.c_str(),
+                                   ms[ms.size() / 2], ms.front(), ms.back());
+                       cudaEventDestroy(e0);
+                       cudaEventDestroy(e1);
+                     }});
+  }
+}
+
+// ---- compact_mask ------------------------------------------------------------------------------
+struct CompactRun {
+  std::vector<std::int32_t> idx, counts;
+  Status st;
+};
+
+CompactRun run_compact(Backend backend, const std::vector<float>& m, std::int64_t r, std::int64_t n, int n_max, DType t) {
+  const auto bytes = to_bytes(m, t);
+  CompactRun out;
+  CompactMaskParams p;
+  p.n_max = n_max;
+  if (backend == Backend::cpu) {
+    Guarded<std::int32_t> idx(static_cast<size_t>(r * n_max)), cnt(static_cast<size_t>(r));
+    idx.poison();
+    cnt.poison();
+    p.mask = make_tensor(const_cast<unsigned char*>(bytes.data()), t, {r, n});
+    p.indices = make_tensor(idx.data(), DType::i32, {r, n_max});
+    p.counts = make_tensor(cnt.data(), DType::i32, {r});
+    p.exec = cpu_exec();
+    out.st = compact_mask(p);
+    out.idx.assign(idx.data(), idx.data() + idx.size());
+    out.counts.assign(cnt.data(), cnt.data() + cnt.size());
+    return out;
+  }
+  DeviceGuarded<unsigned char> dm(bytes.size());
+  dm.upload(bytes);
+  DeviceGuarded<std::int32_t> idx(static_cast<size_t>(r * n_max)), cnt(static_cast<size_t>(r));
+  idx.poison();
+  cnt.poison();
+  p.mask = make_tensor(dm.data(), t, {r, n});
+  p.indices = make_tensor(idx.data(), DType::i32, {r, n_max});
+  p.counts = make_tensor(cnt.data(), DType::i32, {r});
+  p.exec = gpu_exec();
+  out.st = compact_mask(p);
+  out.idx = idx.download();
+  out.counts = cnt.download();
+  EXPECT_TRUE(idx.guards_intact() && cnt.guards_intact()) << "guard overwritten";
+  return out;
+}
+
+std::vector<float> make_mask(std::int64_t r, std::int64_t n, double keep, std::mt19937_64& rng) {
+  std::vector<float> m(static_cast<size_t>(r * n));
+  std::uniform_real_distribution<double> u(0, 1);
+  for (auto& x : m) x = u(rng) < keep ? static_cast<float>(u(rng) * 4 - 2) : -INFINITY;
+  return m;
+}
+
+SPARGE_CASES(CompactGpu) {
+  struct Shape { std::int64_t r, n; int n_max; double keep; };
+  const Shape shapes[] = {{64, 4096, 4096, 0.1}, {32, 16384, 2048, 0.1}, {17, 1001, 1001, 1.0}, {8, 999, 50, 0.02},
+                          {5, 100000, 40000, 0.3}, {3, 7, 7, 0.5}, {4, 300, 0, 0.0}};
+  for (const Shape& sh : shapes) {
+    for (DType t : {DType::f32, DType::f16}) {
+      const std::string name = Name("COMPACT_GPU")("r", sh.r)("n", sh.n)("n_max", sh.n_max)("keep", sh.keep)("dtype", to_string(t));
+      cases.push_back({name, [sh, t, name] {
+                         if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                         auto rng = rng_for(name);
+                         const auto m = make_mask(sh.r, sh.n, sh.keep, rng);
+                         const auto cpu = run_compact(Backend::cpu, m, sh.r, sh.n, sh.n_max, t);
+                         const auto gpu = run_compact(Backend::cuda, m, sh.r, sh.n, sh.n_max, t);
+                         ASSERT_TRUE(cpu.st.ok()) << cpu.st.message();
+                         ASSERT_TRUE(gpu.st.ok()) << gpu.st.message();
+                         ASSERT_EQ(cpu.idx, gpu.idx);
+                         ASSERT_EQ(cpu.counts, gpu.counts);
+                       }});
+    }
+  }
+  cases.push_back({"COMPACT_GPU_OVERFLOW(r=16,n=5000,n_max=100)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     auto rng = rng_for("COMPACT_GPU_OVERFLOW");
+                     auto m = make_mask(16, 5000, 0.01, rng);  // ~50 per row
+                     for (int c = 0; c < 300; ++c) m[static_cast<size_t>(11 * 5000 + c * 7)] = 0.0f;
+                     for (int c = 0; c < 200; ++c) m[static_cast<size_t>(6 * 5000 + c * 3)] = 1.0f;
+                     const auto cpu = run_compact(Backend::cpu, m, 16, 5000, 100, DType::f32);
+                     const auto gpu = run_compact(Backend::cuda, m, 16, 5000, 100, DType::f32);
+                     EXPECT_EQ(gpu.st.code(), StatusCode::overflow);
+                     EXPECT_NE(gpu.st.message().find("row 6 "), std::string::npos) << gpu.st.message();
+                     EXPECT_EQ(gpu.st.message(), cpu.st.message());
+                   }});
+  for (float bad : {NAN, INFINITY}) {
+    const std::string name = Name("COMPACT_GPU_BADVALUE")("value", bad);
+    cases.push_back({name, [bad, name] {
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       auto rng = rng_for(name);
+                       auto m = make_mask(10, 3000, 0.5, rng);
+                       m[static_cast<size_t>(7 * 3000 + 2999)] = bad;
+                       m[static_cast<size_t>(3 * 3000 + 1500)] = bad;
+                       m[static_cast<size_t>(3 * 3000 + 1600)] = bad;
+                       const auto cpu = run_compact(Backend::cpu, m, 10, 3000, 3000, DType::f32);
+                       const auto gpu = run_compact(Backend::cuda, m, 10, 3000, 3000, DType::f32);
+                       EXPECT_EQ(gpu.st.code(), StatusCode::invalid_argument);
+                       EXPECT_NE(gpu.st.message().find("mask[3, 1500]"), std::string::npos) << gpu.st.message();
+                       EXPECT_EQ(gpu.st.message(), cpu.st.message());
+                     }});
+  }
+}
+
+// ---- gather_attention --------------------------------------------------------------------------
+struct GCase {
+  std::int64_t b, hq, hk, sq, sk, d;
+  int n_max;
+  DType t;
+  bool causal;
+  bool o_f32;
+  double empty_frac;
+  int overlap_rows;   // adjacent positions share most keys when > 1 (like top-k of nearby tokens)
+  double swap = 0.1;  // fraction of the shared base set each row replaces by random keys
+};
+
+std::string gname(const char* op, const GCase& c) {
+  return Name(op)("b", c.b)("hq", c.hq)("hk", c.hk)("sq", c.sq)("sk", c.sk)("d", c.d)("n_max", c.n_max)("dtype", to_string(c.t))(
+      "causal", c.causal)("o", c.o_f32 ? "f32" : "same")("overlap", c.overlap_rows);
+}
+
+struct GProblem {
+  GCase c;
+  std::vector<float> q, k, v;  // rounded through the dtype: the values the kernels see
+  std::vector<std::int32_t> idx, counts;  // [b, hq, sq, n_max], [b, hq, sq]
+};
+
+GProblem make_gather(const GCase& c, const std::string& salt) {
+  GProblem g;
+  g.c = c;
+  auto rng = rng_for(salt);
+  g.q.resize(static_cast<size_t>(c.b * c.sq * c.hq * c.d));
+  g.k.resize(static_cast<size_t>(c.b * c.sk * c.hk * c.d));
+  g.v.resize(g.k.size());
+  fill_normal(g.q, rng);
+  fill_normal(g.k, rng);
+  fill_normal(g.v, rng);
+  g.q = round_through(g.q, c.t);
+  g.k = round_through(g.k, c.t);
+  g.v = round_through(g.v, c.t);
+  const std::int64_t rows = c.b * c.hq * c.sq;
+  g.idx.assign(static_cast<size_t>(rows * c.n_max), -1);
+  g.counts.assign(static_cast<size_t>(rows), 0);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<std::int32_t> perm(static_cast<size_t>(c.sk));
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<std::int32_t>> bases;
+  const int cap = static_cast<int>(std::min<std::int64_t>(c.n_max, c.sk));
+  for (std::int64_t bb = 0; bb < c.b; ++bb) {
+    for (std::int64_t h = 0; h < c.hq; ++h) {
+      for (std::int64_t i = 0; i < c.sq; ++i) {
+        const std::int64_t row = (bb * c.hq + h) * c.sq + i;
+        // One base set per (b, kv head, overlap_rows positions), shared by the kv head's query
+        // heads; each row then swaps a fraction `swap` of it. overlap_rows <= 1: independent rows.
+        std::vector<std::int32_t> list;
+        if (c.overlap_rows > 1) {
+          auto& base_set = bases[{bb, h / (c.hq / c.hk), i / c.overlap_rows}];
+          if (base_set.empty()) {
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng);
+            base_set.assign(perm.begin(), perm.begin() + cap);
+          }
+          list = base_set;
+        } else {
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), rng);
+          list.assign(perm.begin(), perm.begin() + cap);
+        }
+        if (c.overlap_rows > 1 && c.swap > 0) {
+          std::set<std::int32_t> have(list.begin(), list.end());
+          std::uniform_int_distribution<std::int32_t> key(0, static_cast<std::int32_t>(c.sk - 1));
+          for (auto& x : list) {
+            if (u(rng) < c.swap) {
+              const std::int32_t y = key(rng);
+              if (!have.count(y)) { have.erase(x); have.insert(y); x = y; }
+            }
+          }
+        }
+        std::shuffle(list.begin(), list.end(), rng);  // any order: the kernel must not assume sorted
+        int n = u(rng) < c.empty_frac ? 0 : static_cast<int>(std::uniform_int_distribution<int>(cap / 2, cap)(rng));
+        if (u(rng) < 0.2 || c.empty_frac < 0) n = cap;  // empty_frac < 0: every row full
+        for (int t = 0; t < n; ++t) g.idx[static_cast<size_t>(row * c.n_max + t)] = list[static_cast<size_t>(t)];
+        g.counts[static_cast<size_t>(row)] = n;
+      }
+    }
+  }
+  return g;
+}
+
+// fp64 oracle (exact softmax over the row's visible listed keys) and, with lowp, the
+// same-precision reference: fp32 logits, P = exp(s - max) rounded to the dtype, fp32 sums, output
+// rounded to the output dtype (the error budget of a kernel that feeds P to a half-precision MMA).
+void gather_reference(const GProblem& g, bool lowp, std::vector<double>& o, std::vector<double>& lse) {
+  const GCase& c = g.c;
+  const std::int64_t grp = c.hq / c.hk;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  o.assign(g.q.size(), 0.0);
+  lse.assign(static_cast<size_t>(c.b * c.hq * c.sq), -INFINITY);
+  std::vector<double> s;
+  std::vector<std::int32_t> keys;
+  for (std::int64_t bb = 0; bb < c.b; ++bb)
+    for (std::int64_t h = 0; h < c.hq; ++h)
+      for (std::int64_t i = 0; i < c.sq; ++i) {
+        const std::int64_t row = (bb * c.hq + h) * c.sq + i;
+        const std::int64_t hk = h / grp;
+        keys.clear();
+        for (int t = 0; t < g.counts[static_cast<size_t>(row)]; ++t) {
+          const std::int32_t j = g.idx[static_cast<size_t>(row * c.n_max + t)];
+          if (c.causal && j > i + c.sk - c.sq) continue;
+          keys.push_back(j);
+        }
+        if (keys.empty()) continue;
+        const float* qr = &g.q[static_cast<size_t>(((bb * c.sq + i) * c.hq + h) * c.d)];
+        s.assign(keys.size(), 0.0);
+        double mx = -INFINITY;
+        for (size_t t = 0; t < keys.size(); ++t) {
+          const float* kr = &g.k[static_cast<size_t>(((bb * c.sk + keys[t]) * c.hk + hk) * c.d)];
+          if (lowp) {
+            float acc = 0;
+            for (std::int64_t x = 0; x < c.d; ++x) acc += qr[x] * kr[x];
+            s[t] = static_cast<float>(acc * static_cast<float>(scale));
+          } else {
+            double acc = 0;
+            for (std::int64_t x = 0; x < c.d; ++x) acc += static_cast<double>(qr[x]) * kr[x];
+            s[t] = acc * scale;
+          }
+          mx = std::max(mx, s[t]);
+        }
+        double l = 0;
+        double* orow = &o[static_cast<size_t>(((bb * c.sq + i) * c.hq + h) * c.d)];
+        for (size_t t = 0; t < keys.size(); ++t) {
+          double p = std::exp(s[t] - mx);
+          l += p;
+          if (lowp) p = round_through({static_cast<float>(p)}, c.t)[0];
+          const float* vr = &g.v[static_cast<size_t>(((bb * c.sk + keys[t]) * c.hk + hk) * c.d)];
+          for (std::int64_t x = 0; x < c.d; ++x) orow[x] += p * vr[x];
+        }
+        for (std::int64_t x = 0; x < c.d; ++x) {
+          orow[x] /= l;
+          if (lowp) orow[x] = round_through({static_cast<float>(orow[x])}, c.o_f32 ? DType::f32 : c.t)[0];
+        }
+        lse[static_cast<size_t>(row)] = mx + std::log(l);
+      }
+}
+
+struct GOut {
+  std::vector<float> o, lse;
+  Status st;
+};
+
+// Runs on the GPU (or the CPU backend, with f32 copies of the rounded inputs when t is f32-only).
+GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_rows = 64,
+                const std::vector<std::int32_t>* idx_override = nullptr, const std::vector<std::int32_t>* cnt_override = nullptr) {
+  const GCase& c = g.c;
+  const auto& idx = idx_override ? *idx_override : g.idx;
+  const auto& cnt = cnt_override ? *cnt_override : g.counts;
+  GOut out;
+  GatherAttentionParams p;
+  p.is_causal = c.causal;
+  p.group_union = group_union;
+  p.union_rows = union_rows;
+  const DType odt = c.o_f32 ? DType::f32 : c.t;
+  const std::int64_t lrows = c.b * c.hq * c.sq;
+  auto decode_o = [&](const std::vector<unsigned char>& raw) {
+    std::vector<float> f(g.q.size());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = load_as_float(raw.data(), odt, static_cast<std::int64_t>(i));
+    return f;
+  };
+  if (backend == Backend::cpu) {
+    const auto qb = to_bytes(g.q, c.t), kb = to_bytes(g.k, c.t), vb = to_bytes(g.v, c.t);
+    Guarded<unsigned char> o(g.q.size() * dtype_size(odt));
+    Guarded<float> lse(static_cast<size_t>(lrows));
+    p.q = make_tensor(const_cast<unsigned char*>(qb.data()), c.t, {c.b, c.sq, c.hq, c.d});
+    p.k = make_tensor(const_cast<unsigned char*>(kb.data()), c.t, {c.b, c.sk, c.hk, c.d});
+    p.v = make_tensor(const_cast<unsigned char*>(vb.data()), c.t, {c.b, c.sk, c.hk, c.d});
+    p.o = make_tensor(o.data(), odt, {c.b, c.sq, c.hq, c.d});
+    p.maybe_lse = make_tensor(lse.data(), DType::f32, {c.b, c.hq, c.sq});
+    p.indices = make_tensor(const_cast<std::int32_t*>(idx.data()), DType::i32, {c.b, c.hq, c.sq, c.n_max});
+    p.counts = make_tensor(const_cast<std::int32_t*>(cnt.data()), DType::i32, {c.b, c.hq, c.sq});
+    p.exec = cpu_exec();
+    out.st = gather_attention(p);
+    out.o = decode_o(std::vector<unsigned char>(o.data(), o.data() + o.size()));
+    out.lse.assign(lse.data(), lse.data() + lse.size());
+    return out;
+  }
+  DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2);
+  dq.upload(to_bytes(g.q, c.t));
+  dk.upload(to_bytes(g.k, c.t));
+  dv.upload(to_bytes(g.v, c.t));
+  DeviceGuarded<unsigned char> o(g.q.size() * dtype_size(odt));
+  DeviceGuarded<float> lse(static_cast<size_t>(lrows));
+  DeviceGuarded<std::int32_t> di(idx.size()), dc(cnt.size());
+  di.upload(idx);
+  dc.upload(cnt);
+  if (c.o_f32) {  // poison as floats
+    std::vector<unsigned char> pz(o.size());
+    const std::uint32_t pat = 0x7fbadbadu;
+    for (size_t i = 0; i + 4 <= pz.size(); i += 4) std::memcpy(&pz[i], &pat, 4);
+    o.upload(pz);
+  } else {
+    std::vector<unsigned char> pz(o.size());
+    const std::uint16_t pat = 0x7e5a;
+    for (size_t i = 0; i + 2 <= pz.size(); i += 2) std::memcpy(&pz[i], &pat, 2);
+    o.upload(pz);
+  }
+  lse.poison();
+  p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
+  p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
+  p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
+  p.o = make_tensor(o.data(), odt, {c.b, c.sq, c.hq, c.d});
+  p.maybe_lse = make_tensor(lse.data(), DType::f32, {c.b, c.hq, c.sq});
+  p.indices = make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
+  p.counts = make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+  p.exec = gpu_exec();
+  out.st = gather_attention(p);
+  out.o = decode_o(o.download());
+  out.lse = lse.download();
+  EXPECT_TRUE(o.guards_intact() && lse.guards_intact()) << "output guard overwritten";
+  return out;
+}
+
+double max_abs_err(const std::vector<float>& a, const std::vector<double>& ref) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(ref[i]) || std::isinf(a[i])) continue;  // checked exactly by compare()
+    e = std::max(e, std::abs(a[i] - ref[i]));
+  }
+  return e;
+}
+
+// FA-style judgement: O within 2x the same-precision reference's error (+ noise), LSE close, and
+// NaN/Inf positions exactly the oracle's (compare()).
+void check_gather(const GOut& gpu, const std::vector<double>& o_ref, const std::vector<double>& lse_ref, double lowp_err,
+                  const std::string& what) {
+  ASSERT_TRUE(gpu.st.ok()) << what << ": " << gpu.st.message();
+  const Error eo = compare(gpu.o.data(), o_ref.data(), o_ref.size());
+  const Error el = compare(gpu.lse.data(), lse_ref.data(), lse_ref.size());
+  EXPECT_EQ(eo.nonfinite_mismatch, 0) << what << " O: " << describe(eo);
+  EXPECT_EQ(el.nonfinite_mismatch, 0) << what << " LSE: " << describe(el);
+  const double tol = 2.0 * lowp_err + 1e-3;
+  EXPECT_LE(eo.max_abs, tol) << what << " O: " << describe(eo) << " (same-precision reference: " << lowp_err << ")";
+  EXPECT_LE(el.max_abs, 1e-3) << what << " LSE: " << describe(el);
+}
+
+SPARGE_CASES(GatherGpu) {
+  const GCase shapes[] = {
+      {1, 4, 4, 37, 300, 64, 64, DType::f16, false, false, 0.1, 1},
+      {2, 8, 2, 113, 203, 128, 96, DType::f16, true, false, 0.1, 8},
+      {2, 8, 2, 113, 203, 128, 96, DType::bf16, true, true, 0.1, 8},
+      {1, 8, 1, 130, 1000, 128, 256, DType::bf16, false, false, 0.05, 64},
+      {1, 4, 2, 200, 150, 64, 150, DType::f16, true, true, 0.0, 16},   // k = Sk: every key
+      {1, 6, 3, 64, 40, 128, 8, DType::f16, true, false, 0.0, 1},      // Sq > Sk: early rows see nothing
+      {1, 16, 4, 128, 2048, 128, 512, DType::f16, false, false, 0.02, 64},
+  };
+  for (const GCase& c : shapes) {
+    const std::string name = gname("GATHER_GPU", c);
+    cases.push_back({name, [c, name] {
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       const GProblem g = make_gather(c, name);
+                       std::vector<double> o_ref, lse_ref, o_lp, lse_lp;
+                       gather_reference(g, false, o_ref, lse_ref);
+                       gather_reference(g, true, o_lp, lse_lp);
+                       std::vector<float> o_lpf(o_lp.begin(), o_lp.end());
+                       const double lowp_err = max_abs_err(o_lpf, o_ref);
+                       const GOut per_row = run_gather(g, Backend::cuda, false);
+                       check_gather(per_row, o_ref, lse_ref, lowp_err, "per-row");
+                       for (int ur : {1, 7, 64}) {
+                         const GOut uni = run_gather(g, Backend::cuda, true, ur);
+                         check_gather(uni, o_ref, lse_ref, lowp_err, "group_union ur=" + std::to_string(ur));
+                         // group_union == per-row up to summation order.
+                         std::vector<double> pr(per_row.o.begin(), per_row.o.end());
+                         const Error e = compare(uni.o.data(), pr.data(), pr.size());
+                         EXPECT_EQ(e.nonfinite_mismatch, 0);
+                         EXPECT_LE(e.max_abs, 2.0 * lowp_err + 1e-3) << "union vs per-row: " << describe(e);
+                       }
+                       // The CPU backend (fp64) agrees with the oracle built here; the GPU with both.
+                       const GOut cpu = run_gather(g, Backend::cpu, false);
+                       if (cpu.st.code() != StatusCode::unsupported) {
+                         ASSERT_TRUE(cpu.st.ok()) << cpu.st.message();
+                         std::vector<double> co(cpu.o.begin(), cpu.o.end()), cl(cpu.lse.begin(), cpu.lse.end());
+                         check_gather(per_row, co, cl, lowp_err, "per-row vs cpu backend");
+                       }
+                     }});
+  }
+  cases.push_back({"GATHER_GPU_RELAUNCH(runs=200x2,per_row+union)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const GCase c{1, 8, 2, 96, 700, 128, 128, DType::f16, true, false, 0.05, 16};
+                     const GProblem g = make_gather(c, "GATHER_GPU_RELAUNCH");
+                     for (bool uni : {false, true}) {
+                       const GOut first = run_gather(g, Backend::cuda, uni);
+                       ASSERT_TRUE(first.st.ok()) << first.st.message();
+                       for (int run = 1; run < 200; ++run) {
+                         const GOut again = run_gather(g, Backend::cuda, uni);
+                         ASSERT_EQ(std::memcmp(first.o.data(), again.o.data(), first.o.size() * 4), 0) << "run " << run;
+                         ASSERT_EQ(std::memcmp(first.lse.data(), again.lse.data(), first.lse.size() * 4), 0) << "run " << run;
+                       }
+                     }
+                   }});
+  struct BadList { const char* what; int pos; std::int32_t value; const char* fragment; };
+  const BadList bads[] = {
+      {"index_negative", 1, -1, "indices[1, 1, 2, 1] = -1 is out of range (expected 0..6"},
+      {"index_sk", 0, 7, "indices[1, 1, 2, 0] = 7 is out of range"},
+      {"duplicate", 3, -2, "indices[1, 1, 2, 3] = 0 repeats an earlier entry"},
+      {"counts_above_nmax", -1, 5, "counts[1, 1, 2] = 5 is out of range (expected 0..4"},
+      {"counts_negative", -1, -1, "counts[1, 1, 2] = -1 is out of range"},
+  };
+  for (const BadList& bl : bads) {
+    cases.push_back({Name("GATHER_GPU_BADLIST")("what", bl.what), [bl] {
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       const GCase c{2, 4, 2, 5, 7, 64, 4, DType::f16, false, false, 0.0, 1};
+                       GProblem g = make_gather(c, "GATHER_GPU_BADLIST");
+                       for (std::int64_t r = 0; r < 40; ++r) {
+                         g.counts[static_cast<size_t>(r)] = 4;
+                         for (int t = 0; t < 4; ++t) g.idx[static_cast<size_t>(r * 4 + t)] = t;
+                       }
+                       for (std::int64_t r : {std::int64_t{27}, std::int64_t{38}}) {  // row 27 = (1, 1, 2) is reported
+                         if (bl.pos < 0) g.counts[static_cast<size_t>(r)] = bl.value;
+                         else g.idx[static_cast<size_t>(r * 4 + bl.pos)] = bl.value == -2 ? 0 : bl.value;
+                       }
+                       for (bool uni : {false, true}) {
+                         const GOut out = run_gather(g, Backend::cuda, uni);
+                         EXPECT_EQ(out.st.code(), StatusCode::invalid_argument);
+                         EXPECT_NE(out.st.message().find(bl.fragment), std::string::npos) << out.st.message();
+                       }
+                     }});
+  }
+  // PERF.md: hd128, 2048 keys per row, 64-row groups. TFLOPS counted on attended keys
+  // (4 * D * sum(counts)); the union overlap (union size / sum of list sizes per group) is measured
+  // on the host from the same lists.
+  for (double swap : {0.0, 0.01, 0.1}) {
+  const std::string perf_name = Name("GATHER_GPU_PERF")("b", 1)("hq", 32)("hk", 8)("sq", 1024)("sk", 16384)("d", 128)("keys", 2048)("dtype", "f16")("union_rows", 64)("swap", swap);
+  cases.push_back({perf_name, [swap, perf_name] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, swap};
+                     GProblem g = make_gather(c, perf_name);
+                     // Union overlap per (kv head, 64 positions) group.
+                     double sum_lists = 0, sum_union = 0;
+                     const std::int64_t grp = c.hq / c.hk;
+                     for (std::int64_t hk = 0; hk < c.hk; ++hk)
+                       for (std::int64_t i0 = 0; i0 < c.sq; i0 += 64) {
+                         std::vector<char> seen(static_cast<size_t>(c.sk), 0);
+                         for (std::int64_t h = hk * grp; h < (hk + 1) * grp; ++h)
+                           for (std::int64_t i = i0; i < std::min(i0 + 64, c.sq); ++i) {
+                             const std::int64_t row = h * c.sq + i;
+                             for (int t = 0; t < 2048; ++t) {
+                               char& f = seen[static_cast<size_t>(g.idx[static_cast<size_t>(row * c.n_max + t)])];
+                               sum_union += f == 0;
+                               f = 1;
+                             }
+                             sum_lists += 2048;
+                           }
+                       }
+                     DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2), o(g.q.size() * 2);
+                     dq.upload(to_bytes(g.q, c.t));
+                     dk.upload(to_bytes(g.k, c.t));
+                     dv.upload(to_bytes(g.v, c.t));
+                     DeviceGuarded<std::int32_t> di(g.idx.size()), dc(g.counts.size());
+                     di.upload(g.idx);
+                     dc.upload(g.counts);
+                     GatherAttentionParams p;
+                     p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
+                     p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
+                     p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
+                     p.o = make_tensor(o.data(), c.t, {c.b, c.sq, c.hq, c.d});
+                     p.indices = make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
+                     p.counts = make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+                     p.exec = gpu_exec();
+                     const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
+                     for (bool uni : {false, true}) {
+                       p.group_union = uni;
+                       p.union_rows = 64;
+                       cudaEvent_t e0, e1;
+                       SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
+                       SPARGE_CUDA_CHECK(cudaEventCreate(&e1));
+                       std::vector<float> ms;
+                       for (int it = 0; it < 13; ++it) {
+                         SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+                         ASSERT_TRUE(gather_attention(p).ok());
+                         SPARGE_CUDA_CHECK(cudaEventRecord(e1));
+                         SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
+                         float x = 0;
+                         SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
+                         if (it >= 3) ms.push_back(x);
+                       }
+                       std::sort(ms.begin(), ms.end());
+                       const double med = ms[ms.size() / 2];
+                       std::printf("[perf] gather hd128 keys=2048 group_union=%d: median %.3f ms (min %.3f max %.3f), %.1f TFLOPS on attended keys; "
+                                   "swap=%.2f union overlap (union / sum of lists per 64-row group) = %.4f\n",
+                                   uni, med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, swap, sum_union / sum_lists);
+                       cudaEventDestroy(e0);
+                       cudaEventDestroy(e1);
+                     }
+                   }});
+  }
+}
+
+}  // namespace
+}  // namespace sparge::test
