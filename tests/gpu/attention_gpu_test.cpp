@@ -1,5 +1,11 @@
-// GPU tests of the portable attention kernel (block-sparse and dense) and of merge_attention,
-// against the CPU backend on the same rounded inputs.
+// GPU tests of the attention kernels (block-sparse and dense; the portable mma.sync kernel and the
+// Hopper wgmma kernel) and of merge_attention, against the CPU backend on the same rounded inputs.
+//
+// Paths: every attention case runs as named on the path the library selects (the Hopper kernel on
+// sm_90 devices when the problem fits it, the portable kernel otherwise) and once more with
+// ",path=portable" appended, forced through SPARGE_ATTN_PATH (skipped on devices other than sm_90,
+// where the selected path already is the portable one). BENCH_ATTENTION prints TFLOPS of both paths
+// side by side when SPARGE_BENCH=1 (skipped otherwise).
 //
 // Pass criterion (FlashAttention-3 style): with the CPU backend (fp64) as the oracle, the kernel's
 // max error must be at most 2x the max error of a plain fp32 reference of the same computation on
@@ -9,6 +15,10 @@
 // poisoned outputs must have been overwritten.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -46,6 +56,7 @@ struct Cfg {
   float scale = 0.0f;
   float q_mul = 1.0f;   // multiplies q (logit spread tests)
   bool pv_probe = false;  // inputs built so that pv_threshold skips blocks that matter
+  const char* path = nullptr;  // SPARGE_ATTN_PATH forced for this case ("portable"), or the selected one
   // Extra absolute noise for the logit-spread cases: with logits ~1e3..1e4 an fp32 logit carries
   // ~1e-2 of rounding (tensor-core and sequential sums round differently), which moves the few
   // non-negligible weights of a near-tie by more than 2x the reference's own error.
@@ -70,9 +81,40 @@ struct Cfg {
     if (scale != 0) n("scale", scale);
     if (q_mul != 1) n("qmul", q_mul);
     if (pv_probe) n("probe", 1);
+    if (path != nullptr) n("path", path);
     return n.str();
   }
 };
+
+// Sets SPARGE_ATTN_PATH for one scope (nullptr: leave it as the environment has it).
+class ScopedPath {
+ public:
+  explicit ScopedPath(const char* path) : set_(path != nullptr) {
+    if (!set_) return;
+    const char* old = std::getenv("SPARGE_ATTN_PATH");
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    setenv("SPARGE_ATTN_PATH", path, 1);
+  }
+  ~ScopedPath() {
+    if (!set_) return;
+    if (had_old_) setenv("SPARGE_ATTN_PATH", old_.c_str(), 1); else unsetenv("SPARGE_ATTN_PATH");
+  }
+  ScopedPath(const ScopedPath&) = delete;
+  ScopedPath& operator=(const ScopedPath&) = delete;
+
+ private:
+  bool set_, had_old_ = false;
+  std::string old_;
+};
+
+bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
 
 // Host copy of one logical [B, S, H, D] tensor (floats already rounded to the dtype).
 struct Host4 {
@@ -357,6 +399,7 @@ GpuOut run_gpu(const Problem& p, int repeats = 1, std::vector<std::vector<std::u
   Varlen vl;
   if (c.varlen()) vl = {dcuq.data(), dcuk.data(), p.batch, p.max_sq, p.max_sk};
   Exec ex{Backend::cuda, nullptr, 0};
+  const ScopedPath path(c.path);
   for (int rep = 0; rep < repeats; ++rep) {
     if (c.o_f32) do32.poison(); else do16.poison();
     dlse.poison();
@@ -423,6 +466,7 @@ std::vector<char> lse_written(const Problem& p) {
 
 void check_case(const Cfg& c) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (c.path != nullptr && !device_is_sm90()) GTEST_SKIP() << "the selected path already is the portable one here";
   const Problem p = make_problem(c);
   std::vector<float> oracle_o, oracle_lse, ref_o, ref_lse;
   oracle_cpu(p, oracle_o, oracle_lse);
@@ -467,6 +511,101 @@ const int kBlocks[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
 
 void add(std::vector<Case>& cases, const Cfg& c) {
   cases.push_back({c.name(), [c] { check_case(c); }});
+  Cfg forced = c;
+  forced.path = "portable";
+  cases.push_back({forced.name(), [forced] { check_case(forced); }});
+}
+
+// ---- timing --------------------------------------------------------------------------------------
+// Median of 10 launches (CUDA events) after 2 warm-ups; TFLOPS count only the key blocks a query
+// block visits (4 * blkq * blkk * d per visited block, tails included as whole blocks).
+double median_ms(const std::function<Status()>& call) {
+  cudaEvent_t a, b;
+  SPARGE_CUDA_CHECK(cudaEventCreate(&a));
+  SPARGE_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < 12; ++i) {
+    SPARGE_CUDA_CHECK(cudaEventRecord(a));
+    const Status st = call();
+    SPARGE_CUDA_CHECK(cudaEventRecord(b));
+    SPARGE_CUDA_CHECK(cudaEventSynchronize(b));
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (!st.ok()) break;
+    float t = 0;
+    SPARGE_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (i >= 2) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (ms.empty()) return 0;
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void bench_attention() {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const char* on = std::getenv("SPARGE_BENCH");
+  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "set SPARGE_BENCH=1";
+  const int B = 2, H = 32, S = 16384, D = 128;
+  const size_t n = static_cast<size_t>(B) * S * H * D;
+  std::vector<std::uint16_t> host(n);
+  std::uint64_t x = 88172645463325252ull;
+  for (size_t i = 0; i < n; ++i) {  // xorshift values in [-1, 1) as f16
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    host[i] = float_to_half(static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 * 2.0 - 1.0));
+  }
+  DeviceGuarded<std::uint16_t> dq(n), dk(n), dv(n), dout(n);
+  dq.upload(host);
+  dk.upload(host);
+  dv.upload(host);
+  auto t4 = [&](void* p) { return make_tensor(p, DType::f16, {B, S, H, D}); };
+  const Exec ex{Backend::cuda, nullptr, 0};
+  const double dense_flops = 4.0 * B * H * static_cast<double>(S) * S * D;
+  auto run_paths = [&](const char* label, double flops, const std::function<Status()>& call) {
+    double tf[2] = {0, 0};
+    const char* paths[2] = {"portable", "sm90"};
+    for (int i = 0; i < 2; ++i) {
+      const ScopedPath path(paths[i]);
+      const double ms = median_ms(call);
+      tf[i] = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0;
+    }
+    std::printf("BENCH %-34s portable %7.1f TFLOPS   sm90 %7.1f TFLOPS   (x%.2f)\n", label, tf[0], tf[1],
+                tf[0] > 0 ? tf[1] / tf[0] : 0.0);
+    std::fflush(stdout);
+  };
+  for (bool causal : {false, true}) {
+    DenseAttentionParams d;
+    d.q = t4(dq.data()); d.k = t4(dk.data()); d.v = t4(dv.data()); d.o = t4(dout.data()); d.exec = ex;
+    d.is_causal = causal;
+    run_paths(causal ? "dense causal" : "dense", causal ? dense_flops / 2 : dense_flops, [&] { return dense_attention(d); });
+  }
+  std::mt19937_64 rng(7);
+  for (int blkk : {64, 128}) {
+    for (double density : {1.0, 0.4, 0.1}) {
+      const int blkq = 128, nq = S / blkq, nk = S / blkk;
+      std::vector<std::int32_t> lut(static_cast<size_t>(B) * H * nq * nk, -1), counts(static_cast<size_t>(B) * H * nq);
+      std::vector<int> perm(nk);
+      const int take = std::max(1, static_cast<int>(std::lround(density * nk)));
+      for (size_t row = 0; row < counts.size(); ++row) {
+        for (int i = 0; i < nk; ++i) perm[i] = i;
+        for (int i = 0; i < take; ++i) std::swap(perm[i], perm[i + static_cast<int>(rng() % (nk - i))]);
+        std::sort(perm.begin(), perm.begin() + take);
+        counts[row] = take;
+        for (int i = 0; i < take; ++i) lut[row * nk + i] = perm[i];
+      }
+      DeviceGuarded<std::int32_t> dlut(lut.size()), dcnt(counts.size());
+      dlut.upload(lut);
+      dcnt.upload(counts);
+      BlockSparseAttentionParams s;
+      s.q = t4(dq.data()); s.k = t4(dk.data()); s.v = t4(dv.data()); s.o = t4(dout.data()); s.exec = ex;
+      s.blkq = blkq; s.blkk = blkk;
+      s.lut = make_tensor(dlut.data(), DType::i32, {B, H, nq, nk});
+      s.counts = make_tensor(dcnt.data(), DType::i32, {B, H, nq});
+      const double flops = 4.0 * blkq * blkk * D * static_cast<double>(take) * counts.size();
+      const std::string label = "sparse blkq=128 blkk=" + std::to_string(blkk) + " density=" + std::to_string(density).substr(0, 4);
+      run_paths(label.c_str(), flops, [&] { return block_sparse_attention(s); });
+    }
+  }
 }
 
 }  // namespace
@@ -586,6 +725,33 @@ SPARGE_CASES(AttentionGpuProperties) {
     for (size_t i = 1; i < bits.size(); ++i) differing += bits[i] != bits[0];
     EXPECT_EQ(differing, 0) << differing << " of 399 relaunches differ from the first";
   }});
+  // On an sm_90 device with a 90a build the Hopper kernel is selected for a plain problem, and
+  // forcing it on a problem it does not take (varlen) is an `unsupported` naming the reason.
+  cases.push_back({"SM90_SELECTED(dt=f16,sq=256,sk=256,d=128)", [] {
+    if (!have_gpu()) GTEST_SKIP() << "no GPU";
+    if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device";
+    DeviceGuarded<std::uint16_t> buf(256 * 2 * 128);
+    DeviceGuarded<std::int32_t> cu(2);
+    SPARGE_CUDA_CHECK(cudaMemset(cu.data(), 0, 2 * sizeof(std::int32_t)));
+    DenseAttentionParams d;
+    d.exec.backend = Backend::cuda;
+    d.q = make_tensor(buf.data(), DType::f16, {1, 256, 2, 128});
+    d.k = d.q; d.v = d.q; d.o = d.q;
+    {
+      const ScopedPath path("sm90");
+      const Status st = supported(d);
+      EXPECT_TRUE(st.ok()) << "sm90 path not available: " << st.message()
+                           << " (build with SPARGE_CUDA_ARCHS including 90a)";
+      d.varlen = {cu.data(), cu.data(), 1, 256, 256};
+      const Status sv = supported(d);
+      EXPECT_EQ(sv.code(), StatusCode::unsupported) << sv.message();
+      EXPECT_NE(sv.message().find("varlen"), std::string::npos) << sv.message();
+    }
+    const Status sa = supported(d);
+    EXPECT_TRUE(sa.ok()) << "automatic selection must fall back to the portable kernel: " << sa.message();
+  }});
+  // Timing (SPARGE_BENCH=1): b2 h32 s16384 d128 f16, dense and random LUTs, both paths.
+  cases.push_back({"BENCH_ATTENTION(dt=f16,b=2,h=32,s=16384,d=128)", [] { bench_attention(); }});
   // supported() and the entry share one selection function and name what they reject.
   cases.push_back({"BSA_UNSUPPORTED(head_dim=96,stride3=2,maybe_mask)", [] {
     if (!have_gpu()) GTEST_SKIP() << "no GPU";

@@ -1,16 +1,22 @@
-// Host entries of the portable attention kernel: cuda::block_sparse_attention, cuda::dense_attention
-// and their `supported`. Both entries and both `supported` go through one selection function, so
-// "supported" and "runs" never disagree. Dense attention is the same kernel with the implicit full
-// LUT (KernelParams::lut == nullptr).
+// Host entries of the attention kernels: cuda::block_sparse_attention, cuda::dense_attention and
+// their `supported`. Both entries and both `supported` go through one selection function, so
+// "supported" and "runs" never disagree. It picks the Hopper kernel (sm90/, wgmma + TMA) on sm_90
+// devices when the problem fits it and the portable kernel (mma.sync) otherwise;
+// SPARGE_ATTN_PATH=portable|sm90 forces one (A/B benchmarks, tests). Dense attention is the same
+// kernel with the implicit full LUT (KernelParams::lut == nullptr).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "cuda/attention/launch.h"
+#include "cuda/attention/sm90/launch.h"
+#include "cuda/attention/sm90/tensor_map.h"
 #include "cuda/cuda_backend.h"
 #include "validate/validate.h"
 
@@ -43,11 +49,39 @@ const Variant kVariants[] = {SPARGE_VARIANTS_OF(DType::f16, __half), SPARGE_VARI
 #undef SPARGE_VARIANTS_OF
 #undef SPARGE_VARIANT
 
+using Sm90LaunchFn = cudaError_t (*)(const attn::sm90::Sm90Params&, int, cudaStream_t);
+struct Sm90Variant {
+  DType dtype;
+  int head_dim, blkq, blkk;
+  AttributesFn attributes;
+  Sm90LaunchFn launch;
+};
+
+#define SPARGE_SM90_VARIANT(dt, ty, hd, bq, bk)                                      \
+  Sm90Variant{dt, hd, bq, bk, &attn::sm90::Kernel<ty, hd, bq, bk>::attributes, \
+              &attn::sm90::Kernel<ty, hd, bq, bk>::launch}
+#define SPARGE_SM90_VARIANTS_OF(dt, ty)                                                            \
+  SPARGE_SM90_VARIANT(dt, ty, 64, 64, 64), SPARGE_SM90_VARIANT(dt, ty, 64, 64, 128),               \
+      SPARGE_SM90_VARIANT(dt, ty, 64, 128, 64), SPARGE_SM90_VARIANT(dt, ty, 64, 128, 128),         \
+      SPARGE_SM90_VARIANT(dt, ty, 128, 64, 64), SPARGE_SM90_VARIANT(dt, ty, 128, 64, 128),         \
+      SPARGE_SM90_VARIANT(dt, ty, 128, 128, 64), SPARGE_SM90_VARIANT(dt, ty, 128, 128, 128)
+
+// Every instantiation in sm90/inst/ (its generate.sh writes the same set).
+const Sm90Variant kSm90Variants[] = {SPARGE_SM90_VARIANTS_OF(DType::f16, __half),
+                                     SPARGE_SM90_VARIANTS_OF(DType::bf16, __nv_bfloat16)};
+
+#undef SPARGE_SM90_VARIANTS_OF
+#undef SPARGE_SM90_VARIANT
+
 // Dense attention's tile: 128 query rows (8 warps) and 64-key tiles, FA2's forward shape for both
 // head dims (docs/attention_portable.md). A tuning choice: it changes speed, never results beyond
 // summation order.
 constexpr int kDenseBlockQ = 128;
 constexpr int kDenseBlockK = 64;
+// The Hopper kernel's dense tile: two consumer warpgroups x 64 rows, 128-key tiles (FA3's shape
+// for head dim 128).
+constexpr int kSm90DenseBlockQ = 128;
+constexpr int kSm90DenseBlockK = 128;
 
 // What the selection function needs to know, shared by the sparse and the dense entry.
 struct Problem {
@@ -55,6 +89,28 @@ struct Problem {
   const Tensor *q, *k, *v, *o, *lse;
   const Varlen* varlen;
   int blkq, blkk;
+  int sm90_blkq, sm90_blkk;  // the tile the Hopper kernel would use (dense picks its own)
+};
+
+enum class Path { automatic, portable, sm90 };
+
+// SPARGE_ATTN_PATH: "portable" or "sm90" forces that kernel; unset (or anything else) lets the
+// selection decide. Read on every call, so a test or benchmark can switch between launches.
+Path requested_path() {
+  const char* e = std::getenv("SPARGE_ATTN_PATH");
+  if (e == nullptr) return Path::automatic;
+  if (std::strcmp(e, "portable") == 0) return Path::portable;
+  if (std::strcmp(e, "sm90") == 0) return Path::sm90;
+  return Path::automatic;
+}
+
+// What the selection chose: the portable variant, or the Hopper variant with its tensor maps.
+struct Selection {
+  Path path = Path::portable;
+  const Variant* portable = nullptr;
+  const Sm90Variant* sm90 = nullptr;
+  CUtensorMap q_map{}, k_map{}, v_map{};
+  int blkq = 0, blkk = 0;
 };
 
 Status check_rows(const char* op, const char* name, const Tensor& t) {
@@ -75,8 +131,8 @@ Status check_rows(const char* op, const char* name, const Tensor& t) {
   return {};
 }
 
-// The one selection function: picks the instantiation or says why none can run.
-Status select(const Problem& pb, const Variant** out) {
+// Checks shared by both kernels, then the portable kernel's instantiation (or why none can run).
+Status select_portable(const Problem& pb, const Variant** out) {
   const Tensor& q = *pb.q;
   const std::int64_t d = q.shape[3];
   if (d != 64 && d != 128) {
@@ -130,12 +186,73 @@ Status select(const Problem& pb, const Variant** out) {
   return {};
 }
 
+// Whether the Hopper kernel can run this problem; on success fills sel's sm90 fields. The reason
+// it cannot is returned as an `unsupported` Status (reported only when SPARGE_ATTN_PATH=sm90).
+Status select_sm90(const Problem& pb, Selection* sel) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return unsupported(detail::cat(pb.op, ": no CUDA device"));
+  if (!attn::sm90::image_available(dev)) {
+    return unsupported(detail::cat(pb.op, ": the sm90 kernel needs an sm_90 device and a build with SPARGE_CUDA_ARCHS including 90a"));
+  }
+  if (pb.varlen->enabled()) {
+    return unsupported(detail::cat(pb.op, ": the sm90 kernel does not take varlen (the portable kernel does)"));
+  }
+  const Sm90Variant* chosen = nullptr;
+  for (const Sm90Variant& v : kSm90Variants) {
+    if (v.dtype == pb.q->dtype && v.head_dim == pb.q->shape[3] && v.blkq == pb.sm90_blkq && v.blkk == pb.sm90_blkk) {
+      chosen = &v;
+    }
+  }
+  if (chosen == nullptr) return unsupported(detail::cat(pb.op, ": no sm90 instantiation for this shape"));
+  cudaFuncAttributes attr{};
+  if (chosen->attributes(&attr) != cudaSuccess) {
+    cudaGetLastError();
+    return unsupported(detail::cat(pb.op, ": this build has no sm90 kernel image for device ", dev));
+  }
+  int smem_optin = 0;
+  cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  const int need = attn::sm90::smem_bytes(static_cast<int>(pb.q->shape[3]), pb.sm90_blkq, pb.sm90_blkk);
+  if (need > smem_optin) {
+    return unsupported(detail::cat(pb.op, ": the sm90 kernel needs ", need, " bytes of shared memory; device ", dev,
+                                   " allows ", smem_optin));
+  }
+  if (!attn::sm90::encode_tensor_map(&sel->q_map, *pb.q, pb.sm90_blkq) ||
+      !attn::sm90::encode_tensor_map(&sel->k_map, *pb.k, pb.sm90_blkk) ||
+      !attn::sm90::encode_tensor_map(&sel->v_map, *pb.v, pb.sm90_blkk)) {
+    return unsupported(detail::cat(pb.op, ": the q/k/v layout cannot be described by a TMA tensor map"));
+  }
+  sel->sm90 = chosen;
+  sel->blkq = pb.sm90_blkq;
+  sel->blkk = pb.sm90_blkk;
+  sel->path = Path::sm90;
+  return {};
+}
+
+// The one selection function: the shared checks and the portable variant (the fallback), then the
+// Hopper kernel when requested or when it fits.
+Status select(const Problem& pb, Selection* sel) {
+  SPARGE_RETURN_IF_ERROR(select_portable(pb, &sel->portable));
+  sel->path = Path::portable;
+  sel->blkq = pb.blkq;
+  sel->blkk = pb.blkk;
+  const Path want = requested_path();
+  if (want == Path::portable) return {};
+  const Status st = select_sm90(pb, sel);
+  if (!st.ok()) {
+    sel->path = Path::portable;
+    sel->blkq = pb.blkq;
+    sel->blkk = pb.blkk;
+    if (want == Path::sm90) return st;
+  }
+  return {};
+}
+
 void fill_strides(std::int64_t (&dst)[3], const Tensor& t) {
   for (int i = 0; i < 3; ++i) dst[i] = t.stride[i];
 }
 
 // Fills the parts of KernelParams common to the sparse and the dense entry.
-KernelParams make_params(const Problem& pb, float scale, bool is_causal) {
+KernelParams make_params(const Problem& pb, const Selection& sel, float scale, bool is_causal) {
   const Tensor &q = *pb.q, &k = *pb.k, &v = *pb.v, &o = *pb.o;
   const detail::Dims dims = detail::attention_dims(q, k, *pb.varlen);
   KernelParams kp{};
@@ -159,7 +276,7 @@ KernelParams make_params(const Problem& pb, float scale, bool is_causal) {
   kp.batch = static_cast<int>(dims.batch);
   kp.hq = static_cast<int>(dims.hq);
   kp.hk = static_cast<int>(dims.hk);
-  kp.nq = static_cast<int>(num_blocks(dims.sq, pb.blkq));
+  kp.nq = static_cast<int>(num_blocks(dims.sq, sel.blkq));
   const float s = scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(dims.d)) : scale;
   kp.scale_log2 = s * 1.4426950408889634f;
   kp.is_causal = is_causal;
@@ -167,22 +284,33 @@ KernelParams make_params(const Problem& pb, float scale, bool is_causal) {
   return kp;
 }
 
-Status launch(const Problem& pb, const Variant& variant, const KernelParams& kp, cudaStream_t stream) {
+Status launch(const Problem& pb, const Selection& sel, const KernelParams& kp, cudaStream_t stream) {
   const std::int64_t tiles = static_cast<std::int64_t>(kp.nq) * kp.hq * kp.batch;
   if (tiles == 0) return {};
-  const cudaError_t err = variant.launch(kp, static_cast<int>(tiles), stream);
+  cudaError_t err;
+  if (sel.path == Path::sm90) {
+    attn::sm90::Sm90Params sp;
+    sp.q_map = sel.q_map;
+    sp.k_map = sel.k_map;
+    sp.v_map = sel.v_map;
+    sp.p = kp;
+    err = sel.sm90->launch(sp, static_cast<int>(tiles), stream);
+  } else {
+    err = sel.portable->launch(kp, static_cast<int>(tiles), stream);
+  }
   if (err != cudaSuccess) return runtime_error(detail::cat(pb.op, ": kernel launch failed: ", cudaGetErrorString(err)));
   return {};
 }
 
 Problem sparse_problem(const BlockSparseAttentionParams& p) {
-  return {"block_sparse_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, p.blkq, p.blkk};
+  return {"block_sparse_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, p.blkq, p.blkk, p.blkq, p.blkk};
 }
 Problem dense_problem(const DenseAttentionParams& p) {
-  return {"dense_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, kDenseBlockQ, kDenseBlockK};
+  return {"dense_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, kDenseBlockQ, kDenseBlockK,
+          kSm90DenseBlockQ, kSm90DenseBlockK};
 }
 
-Status select_dense(const DenseAttentionParams& p, const Variant** out) {
+Status select_dense(const DenseAttentionParams& p, Selection* out) {
   if (p.maybe_mask.present()) {
     return unsupported("dense_attention: maybe_mask is not supported on cuda (it is the CPU oracle's test hook)");
   }
@@ -192,15 +320,15 @@ Status select_dense(const DenseAttentionParams& p, const Variant** out) {
 }  // namespace
 
 Status supported(const BlockSparseAttentionParams& p) {
-  const Variant* v = nullptr;
-  return select(sparse_problem(p), &v);
+  Selection sel;
+  return select(sparse_problem(p), &sel);
 }
 
 Status block_sparse_attention(const BlockSparseAttentionParams& p) {
-  const Variant* variant = nullptr;
+  Selection sel;
   const Problem pb = sparse_problem(p);
-  SPARGE_RETURN_IF_ERROR(select(pb, &variant));
-  KernelParams kp = make_params(pb, p.scale, p.is_causal);
+  SPARGE_RETURN_IF_ERROR(select(pb, &sel));
+  KernelParams kp = make_params(pb, sel, p.scale, p.is_causal);
   kp.lut = p.lut.ptr<const std::int32_t>();
   kp.counts = p.counts.ptr<const std::int32_t>();
   for (int i = 0; i < 4; ++i) kp.lut_stride[i] = p.lut.stride[i];
@@ -227,21 +355,21 @@ Status block_sparse_attention(const BlockSparseAttentionParams& p) {
       kp.pv_threshold_per_head = thr_dev;
     }
   }
-  const Status st = launch(pb, *variant, kp, stream);
+  const Status st = launch(pb, sel, kp, stream);
   if (thr_dev != nullptr) cudaFreeAsync(thr_dev, stream);
   return st;
 }
 
 Status supported(const DenseAttentionParams& p) {
-  const Variant* v = nullptr;
-  return select_dense(p, &v);
+  Selection sel;
+  return select_dense(p, &sel);
 }
 
 Status dense_attention(const DenseAttentionParams& p) {
-  const Variant* variant = nullptr;
-  SPARGE_RETURN_IF_ERROR(select_dense(p, &variant));
-  const KernelParams kp = make_params(dense_problem(p), p.scale, p.is_causal);
-  return launch(dense_problem(p), *variant, kp, static_cast<cudaStream_t>(p.exec.stream));
+  Selection sel;
+  SPARGE_RETURN_IF_ERROR(select_dense(p, &sel));
+  const KernelParams kp = make_params(dense_problem(p), sel, p.scale, p.is_causal);
+  return launch(dense_problem(p), sel, kp, static_cast<cudaStream_t>(p.exec.stream));
 }
 
 }  // namespace sparge::cuda

@@ -1,0 +1,306 @@
+// The Hopper (sm_90a) block-sparse flash-attention kernel: warp-specialized, TMA + mbarrier
+// pipeline, wgmma. Included only by the instantiation units in sm90/inst/.
+//
+// CTA = one query block (BLKQ rows) = one producer warpgroup + BLKQ / 64 consumer warpgroups
+// (64 query rows each, the M of wgmma). The producer's first thread walks the block iterator (LUT
+// row or all visible blocks) and issues TMA loads of Q once and of K_i, V_i into a ring of stages;
+// sparsity changes only the row coordinate of these loads. Each consumer warpgroup walks the same
+// iterator (to know k0 for masking) and per visited block:
+//   wait K_i full; S = Q K_i^T (wgmma ss, K-major both); wait; release K_i
+//   scale, mask, online softmax (the portable kernel's code: same accumulator layout per warp)
+//   pv_threshold vote over the query block (named barrier AND of all consumer threads)
+//   O *= alpha; wait V_i full; O += P V_i (wgmma rs: P from registers, V MN-major); wait; release V_i
+// Stages of K and V have separate barriers, so K_{i+1} lands while PV_i runs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/attention/block_iter.cuh"
+#include "cuda/attention/epilogue.cuh"
+#include "cuda/attention/mainloop.cuh"
+#include "cuda/attention/params.h"
+#include "cuda/attention/primitives.cuh"
+#include "cuda/attention/sm90/launch.h"
+#include "cuda/attention/sm90/pipeline.cuh"
+#include "cuda/attention/sm90/wgmma.cuh"
+#include "cuda/attention/softmax.cuh"
+
+namespace sparge::cuda::attn::sm90 {
+
+template <class T_, int HD_, int BLKQ_, int BLKK_>
+struct Traits {
+  using T = T_;
+  static constexpr int kHeadDim = HD_;
+  static constexpr int kBlockQ = BLKQ_;
+  static constexpr int kBlockK = BLKK_;
+  static constexpr int kConsumers = consumer_warpgroups(BLKQ_);
+  static constexpr int kThreads = threads_per_cta(BLKQ_);
+  static constexpr int kMinBlocks = ctas_per_sm(BLKQ_);
+  static constexpr int kStages = stages(HD_, BLKQ_, BLKK_);
+  static constexpr int kSmemBytes = smem_bytes(HD_, BLKQ_, BLKK_);
+  static constexpr int kSlabs = HD_ / 64;            // 64-column (128-byte) slabs per row
+  static constexpr int kQSlab = BLKQ_ * 128;         // bytes of one slab of the Q tile
+  static constexpr int kKVSlab = BLKK_ * 128;        // bytes of one slab of a K or V tile
+  static constexpr int kQBytes = q_bytes(HD_, BLKQ_);
+  static constexpr int kKVBytes = kv_bytes(HD_, BLKK_);
+  // Register tiles of one consumer warp (as in the portable kernel's Traits).
+  static constexpr int kDTiles = HD_ / 8;
+  static constexpr int kKTiles = BLKK_ / 8;
+  static constexpr int kDSteps = HD_ / 16;
+  static constexpr int kKSteps = BLKK_ / 16;
+  // setmaxnreg budgets: the CTA's registers are threads * (65536 / (threads * CTAs per SM)),
+  // rounded down to 8; the producer keeps 24 and the consumers share the rest.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kLaunchRegs = (65536 / (kThreads * kMinBlocks)) / 8 * 8;
+  static constexpr int kConsumerRegs =
+      ((kLaunchRegs * kThreads - kProducerRegs * 128) / (128 * kConsumers)) / 8 * 8 > 240
+          ? 240
+          : ((kLaunchRegs * kThreads - kProducerRegs * 128) / (128 * kConsumers)) / 8 * 8;
+  static_assert(kStages >= 1 && kSmemBytes <= smem_budget(BLKQ_), "shared-memory plan does not fit");
+};
+
+// Shared memory: [Q slabs][K stage 0..S-1][V stage 0..S-1][barriers], tiles 1024-byte aligned.
+template <class Tr>
+struct Smem {
+  unsigned char* base;
+  __device__ __forceinline__ std::uint32_t q() const { return smem_addr(base); }
+  __device__ __forceinline__ std::uint32_t k(int s) const { return q() + Tr::kQBytes + s * Tr::kKVBytes; }
+  __device__ __forceinline__ std::uint32_t v(int s) const {
+    return q() + Tr::kQBytes + (Tr::kStages + s) * Tr::kKVBytes;
+  }
+  __device__ __forceinline__ void* ptr(std::uint32_t addr) const { return base + (addr - q()); }
+  __device__ __forceinline__ std::uint64_t* bars() const {
+    return reinterpret_cast<std::uint64_t*>(base + Tr::kQBytes + 2 * Tr::kStages * Tr::kKVBytes);
+  }
+  __device__ __forceinline__ std::uint64_t* q_full() const { return bars(); }
+  __device__ __forceinline__ std::uint64_t* k_full(int s) const { return bars() + 1 + s; }
+  __device__ __forceinline__ std::uint64_t* v_full(int s) const { return bars() + 1 + Tr::kStages + s; }
+  __device__ __forceinline__ std::uint64_t* k_empty(int s) const { return bars() + 1 + 2 * Tr::kStages + s; }
+  __device__ __forceinline__ std::uint64_t* v_empty(int s) const { return bars() + 1 + 3 * Tr::kStages + s; }
+};
+
+// Which query block a CTA owns and where its sequence lives (the portable kernel's schedule).
+struct Tile {
+  int b, h, hk, qb, q0, q_begin, k_begin, sq, sk, b_dim0;
+};
+
+__device__ __forceinline__ Tile make_tile(const KernelParams& p, int tile_index, int blkq) {
+  Tile t;
+  const int qb_idx = tile_index % p.nq;
+  const int bh = tile_index / p.nq;
+  t.h = bh % p.hq;
+  t.b = bh / p.hq;
+  t.qb = p.heavy_first ? p.nq - 1 - qb_idx : qb_idx;
+  t.q_begin = 0;
+  t.k_begin = 0;
+  t.sq = p.seq_q;
+  t.sk = p.seq_k;
+  t.b_dim0 = t.b;
+  t.q0 = t.qb * blkq;
+  t.hk = t.h / (p.hq / p.hk);
+  return t;
+}
+
+__device__ __forceinline__ BlockIter make_iter(const KernelParams& p, const Tile& t, int visible) {
+  if (p.lut == nullptr) return make_dense_iter(visible);
+  return make_lut_iter(p.lut + t.b * p.lut_stride[0] + t.h * p.lut_stride[1] + t.qb * p.lut_stride[2], p.lut_stride[3],
+                       p.counts[t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2]],
+                       p.nk_lut, visible);
+}
+
+template <class Tr>
+__device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it) {
+  barrier_expect_bytes(sm.q_full(), Tr::kQBytes);
+#pragma unroll
+  for (int s = 0; s < Tr::kSlabs; ++s) {
+    tma_load_4d(sm.ptr(sm.q() + s * Tr::kQSlab), &P.q_map, s * 64, t.q0, t.h, t.b_dim0, sm.q_full());
+  }
+  int use = 0;
+  for (int kb = it.next(); kb >= 0; kb = it.next(), ++use) {
+    const int st = use % Tr::kStages;
+    const std::uint32_t parity = ((use / Tr::kStages) & 1) ^ 1;
+    const int row = kb * Tr::kBlockK;
+    barrier_wait(sm.k_empty(st), parity);
+    barrier_expect_bytes(sm.k_full(st), Tr::kKVBytes);
+#pragma unroll
+    for (int s = 0; s < Tr::kSlabs; ++s) {
+      tma_load_4d(sm.ptr(sm.k(st) + s * Tr::kKVSlab), &P.k_map, s * 64, row, t.hk, t.b_dim0, sm.k_full(st));
+    }
+    barrier_wait(sm.v_empty(st), parity);
+    barrier_expect_bytes(sm.v_full(st), Tr::kKVBytes);
+#pragma unroll
+    for (int s = 0; s < Tr::kSlabs; ++s) {
+      tma_load_4d(sm.ptr(sm.v(st) + s * Tr::kKVSlab), &P.v_map, s * 64, row, t.hk, t.b_dim0, sm.v_full(st));
+    }
+  }
+}
+
+template <class Tr>
+__device__ __forceinline__ void consumer(const KernelParams& p, const Smem<Tr>& sm, const Tile& t, BlockIter it,
+                                         int cw, int tid_in_wg) {
+  using T = typename Tr::T;
+  const int warp = tid_in_wg / 32;
+  const int lane = tid_in_wg % 32;
+  const int wg_row0 = t.q0 + cw * 64;  // first query row of this warpgroup
+
+  int row_in_seq[2], key_limit[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_in_seq[r] = wg_row0 + warp * 16 + (lane >> 2) + 8 * r;
+    const long long causal_bound = static_cast<long long>(row_in_seq[r]) + t.sk - t.sq;
+    key_limit[r] = p.is_causal && causal_bound < t.sk - 1 ? static_cast<int>(causal_bound < -1 ? -1 : causal_bound)
+                                                          : t.sk - 1;
+  }
+  const bool row_real[2] = {row_in_seq[0] < t.sq, row_in_seq[1] < t.sq};
+  const float pv_thr = p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[t.h] : p.pv_threshold;
+  const long long first_row_bound = static_cast<long long>(wg_row0) + t.sk - t.sq;
+  const std::uint32_t q_tile = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
+
+  float o[Tr::kDTiles][4];
+#pragma unroll
+  for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  OnlineSoftmax<Tr::kKTiles> softmax;
+  softmax.init();
+
+  barrier_wait(sm.q_full(), 0);
+  int use = 0;
+  for (int kb = it.next(); kb >= 0; kb = it.next(), ++use) {
+    const int st = use % Tr::kStages;
+    const std::uint32_t parity = (use / Tr::kStages) & 1;
+    const int k0 = kb * Tr::kBlockK;
+
+    // ---- S = Q K^T
+    float s[Tr::kKTiles][4];
+    barrier_wait(sm.k_full(st), parity);
+    wgmma_fence();
+    fence_accumulator(s);
+#pragma unroll
+    for (int ks = 0; ks < Tr::kDSteps; ++ks) {
+      Wgmma<T, Tr::kBlockK>::ss(s, k_major_desc(q_tile, Tr::kQSlab, ks), k_major_desc(sm.k(st), Tr::kKVSlab, ks),
+                                ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulator(s);
+    __syncwarp();
+    if (lane == 0) barrier_arrive(sm.k_empty(st));
+
+    // ---- softmax (log2 units), masking only on tiles that cross sk or the causal diagonal
+    const bool need_mask = k0 + Tr::kBlockK > t.sk || (p.is_causal && k0 + Tr::kBlockK - 1 > first_row_bound);
+    scale_and_mask<Tr>(s, p.scale_log2, need_mask, key_limit, k0, lane);
+    float alpha[2], block_max[2], new_max[2];
+    softmax.step(s, alpha, block_max, new_max);
+
+    // ---- pv_threshold: one vote of the whole query block (all consumer warpgroups)
+    bool skip_pv = false;
+    if (p.use_pv_threshold) {
+      bool skippable = true;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        skippable = skippable && (!row_real[r] || pv_skippable(block_max[r], new_max[r], pv_thr));
+      }
+      skip_pv = named_barrier_and(1, Tr::kConsumers * 128, skippable);
+    }
+
+#pragma unroll
+    for (int j = 0; j < Tr::kDTiles; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+
+    // ---- O += P V
+    barrier_wait(sm.v_full(st), parity);
+    if (!skip_pv) {
+      std::uint32_t a[Tr::kKSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        a[kk][0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+        a[kk][1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+        a[kk][2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[kk][3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      wgmma_fence();
+      fence_accumulator(o);
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        Wgmma<T, Tr::kHeadDim>::rs(o, a[kk], mn_major_desc(sm.v(st), Tr::kKVSlab, kk));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulator(o);
+    }
+    __syncwarp();
+    if (lane == 0) barrier_arrive(sm.v_empty(st));
+  }
+
+  // ---- epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows)
+  std::int64_t o_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    o_row[r] = t.b_dim0 * p.o_stride[0] + static_cast<std::int64_t>(t.q_begin + row_in_seq[r]) * p.o_stride[1] +
+               t.h * p.o_stride[2];
+  }
+  const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
+  store_output<T, Tr::kDTiles>(p, o, softmax.m, softmax.l, row_in_seq, t.sq, o_row, lse_base, lane);
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel(const __grid_constant__ Sm90Params P) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const KernelParams& p = P.p;
+  Smem<Tr> sm;
+  sm.base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+
+  const Tile t = make_tile(p, blockIdx.x, Tr::kBlockQ);
+  if (t.q0 >= t.sq) return;  // uniform: the whole CTA leaves before any barrier exists
+  const int rows = min(Tr::kBlockQ, t.sq - t.q0);
+  const int visible = visible_blocks(t.q0, rows, t.sq, t.sk, Tr::kBlockK, p.is_causal);
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    barrier_init(sm.q_full(), 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      barrier_init(sm.k_full(s), 1);
+      barrier_init(sm.v_full(s), 1);
+      barrier_init(sm.k_empty(s), Tr::kConsumers * 4);
+      barrier_init(sm.v_empty(s), Tr::kConsumers * 4);
+    }
+    barrier_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = tid / 128;
+  if (wg == 0) {
+    registers_release<Tr::kProducerRegs>();
+    if (tid == 0) producer<Tr>(P, sm, t, make_iter(p, t, visible));
+  } else {
+    registers_claim<Tr::kConsumerRegs>();
+    consumer<Tr>(p, sm, t, make_iter(p, t, visible), wg - 1, tid % 128);
+  }
+#else
+  (void)P;
+#endif
+}
+
+template <class T, int HD, int BLKQ, int BLKK>
+cudaError_t Kernel<T, HD, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
+  return cudaFuncGetAttributes(attr, attention_kernel<Traits<T, HD, BLKQ, BLKK>>);
+}
+
+template <class T, int HD, int BLKQ, int BLKK>
+cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
+  using Tr = Traits<T, HD, BLKQ, BLKK>;
+  auto* kernel = attention_kernel<Tr>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<num_tiles, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sparge::cuda::attn::sm90

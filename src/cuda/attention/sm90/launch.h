@@ -1,0 +1,46 @@
+// The host's handle on the Hopper (sm_90a) attention kernel: its parameters (the portable
+// KernelParams plus TMA tensor maps of q, k, v), its shared-memory plan and one instantiation per
+// (dtype, head dim, BLKQ, BLKK) in sm90/inst/. See docs/attention_sm90.md.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "cuda/attention/params.h"
+
+namespace sparge::cuda::attn::sm90 {
+
+struct Sm90Params {
+  CUtensorMap q_map, k_map, v_map;  // 4-D (column, row, head, batch), 64 x rows boxes, 128B swizzle
+  KernelParams p;
+};
+
+// One consumer warpgroup per 64 query rows plus one producer warpgroup.
+constexpr int consumer_warpgroups(int blkq) { return blkq / 64; }
+constexpr int threads_per_cta(int blkq) { return 128 * (1 + consumer_warpgroups(blkq)); }
+// BLKQ 128: one CTA per SM with the whole 227 KiB; BLKQ 64: two CTAs per SM (113 KiB each).
+constexpr int ctas_per_sm(int blkq) { return blkq == 128 ? 1 : 2; }
+constexpr int smem_budget(int blkq) { return blkq == 128 ? 232448 : 115712; }
+constexpr int kSmemSlack = 1024 + 256;  // 1024-byte alignment of the tiles + the barriers
+constexpr int q_bytes(int hd, int blkq) { return blkq * hd * 2; }
+constexpr int kv_bytes(int hd, int blkk) { return blkk * hd * 2; }
+// K/V stages: as many as fit (at most 4), at least one.
+constexpr int stages(int hd, int blkq, int blkk) {
+  const int s = (smem_budget(blkq) - kSmemSlack - q_bytes(hd, blkq)) / (2 * kv_bytes(hd, blkk));
+  return s > 4 ? 4 : (s < 1 ? 1 : s);
+}
+constexpr int smem_bytes(int hd, int blkq, int blkk) {
+  return kSmemSlack + q_bytes(hd, blkq) + 2 * stages(hd, blkq, blkk) * kv_bytes(hd, blkk);
+}
+
+template <class T, int HD, int BLKQ, int BLKK>
+struct Kernel {
+  static cudaError_t attributes(cudaFuncAttributes* attr);
+  static cudaError_t launch(const Sm90Params& p, int num_tiles, cudaStream_t stream);
+};
+
+// 1 when this build holds an sm_90a image of the kernels and the current device runs it (a tiny
+// probe kernel, launched once per device and cached); 0 otherwise.
+bool image_available(int device);
+
+}  // namespace sparge::cuda::attn::sm90

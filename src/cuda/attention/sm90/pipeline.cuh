@@ -1,0 +1,70 @@
+// mbarrier and TMA helpers of the Hopper attention kernel, thin names over CCCL's cuda::ptx.
+//
+// A pipeline stage has a "full" barrier (count 1: the producer's arrive.expect_tx, completed by the
+// TMA's transaction bytes) and an "empty" barrier (count = consumer warps: each consumer warp
+// arrives once it has finished reading the stage). Stage use u (0, 1, 2, ...) of a stage waits for
+// phase parity u & 1 on "full"; the producer's u-th refill waits for parity (u & 1) ^ 1 on "empty",
+// which a fresh barrier satisfies immediately (the phase before the first counts as complete).
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace sparge::cuda::attn::sm90 {
+
+namespace ptx = ::cuda::ptx;
+
+__device__ __forceinline__ void barrier_init(std::uint64_t* bar, int count) {
+  ptx::mbarrier_init(bar, static_cast<std::uint32_t>(count));
+}
+
+// Makes the initializations visible to the async proxy (TMA) and the other threads; followed by a
+// CTA barrier.
+__device__ __forceinline__ void barrier_init_fence() { ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster); }
+
+__device__ __forceinline__ void barrier_wait(std::uint64_t* bar, std::uint32_t parity) {
+  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+__device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
+  (void)ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar);
+}
+
+// The producer's arrival announcing `bytes` of TMA transactions on this phase.
+__device__ __forceinline__ void barrier_expect_bytes(std::uint64_t* bar, std::uint32_t bytes) {
+  (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
+}
+
+// One 4-D TMA tile load (coordinates innermost first: column, row, head, batch) into shared memory,
+// completing `bytes` of transactions on `bar`. Rows outside the tensor are zero-filled.
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* tensor_map, int c0, int c1, int c2, int c3,
+                                            std::uint64_t* bar) {
+  const std::int32_t coords[4] = {c0, c1, c2, c3};
+  ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, tensor_map, coords, bar);
+}
+
+// Register budget of a warpgroup (setmaxnreg): the producer gives registers back, the consumers
+// take them.
+template <int kRegs>
+__device__ __forceinline__ void registers_release() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void registers_claim() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// AND of `pred` over the `threads` threads that use named barrier `id` (threads: a multiple of 32).
+__device__ __forceinline__ bool named_barrier_and(int id, int threads, bool pred) {
+  std::uint32_t out;
+  asm volatile(
+      "{\n.reg .pred q, p;\nsetp.ne.u32 q, %1, 0;\nbar.red.and.pred p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(out)
+      : "r"(static_cast<std::uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return out != 0;
+}
+
+}  // namespace sparge::cuda::attn::sm90
