@@ -1,0 +1,106 @@
+// From torch to sparge and back: tensor views (no copies), execution context and status -> Python
+// exception. Every op in ops.cpp goes through these, so the error types are the same everywhere:
+//   invalid_argument, overflow -> ValueError      unsupported   -> NotImplementedError
+//   runtime_error              -> RuntimeError
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sparge/ops.h"
+
+namespace sparge::py {
+
+// Throws the Python exception that matches the status code, with the library's message.
+inline void throw_if_error(const Status& st) {
+  if (st.ok()) return;
+  switch (st.code()) {
+    case StatusCode::invalid_argument:
+    case StatusCode::overflow:
+      TORCH_CHECK_VALUE(false, st.message());
+    case StatusCode::unsupported:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, st.message());
+    default:
+      TORCH_CHECK(false, st.message());
+  }
+}
+
+inline std::optional<DType> to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::f32;
+    case at::kHalf: return DType::f16;
+    case at::kBFloat16: return DType::bf16;
+    case at::kInt: return DType::i32;
+    case at::kByte:
+    case at::kBool: return DType::u8;
+    default: return std::nullopt;
+  }
+}
+
+// A strided view of t (same storage, element strides). `op` and `name` go into error messages.
+inline Tensor view(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() >= 1 && t.dim() <= 4, op, ": ", name, " has ", t.dim(),
+                    " dimensions (sparge views hold 1 to 4)");
+  const auto dt = to_dtype(t.scalar_type());
+  TORCH_CHECK_VALUE(dt.has_value(), op, ": ", name, ".dtype = ", t.scalar_type(),
+                    " is not supported by sparge (float16, bfloat16, float32 or int32)");
+  TORCH_CHECK_VALUE(t.numel() > 0, op, ": ", name, " is empty (shape ", t.sizes(), ")");
+  Tensor v;
+  v.data = t.data_ptr();
+  v.dtype = *dt;
+  v.ndim = static_cast<int>(t.dim());
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = t.size(i);
+    v.stride[i] = t.stride(i);
+  }
+  return v;
+}
+
+// Tensor layout strings of the Python API. HND = [B, H, S, D], NHD = [B, S, H, D]; the library's
+// logical order is NHD, so an HND tensor is passed as its transpose(1, 2) view.
+inline bool is_hnd(std::string_view layout, const char* op) {
+  TORCH_CHECK_VALUE(layout == "HND" || layout == "NHD", op, ": tensor_layout = '", std::string(layout),
+                    "' (expected 'HND' = [B, H, S, D] or 'NHD' = [B, S, H, D])");
+  return layout == "HND";
+}
+
+// The logical [B, S, H, D] view of a 4-D attention tensor given in `layout`.
+inline at::Tensor logical(const at::Tensor& t, bool hnd, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() == 4, op, ": ", name, " has ", t.dim(), " dimensions (expected 4: ",
+                    hnd ? "[B, H, S, D]" : "[B, S, H, D]", ")");
+  return hnd ? t.transpose(1, 2) : t;
+}
+
+// Every tensor on one device; returns it.
+inline c10::Device common_device(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
+  const auto& first = *ts.begin();
+  const c10::Device dev = first.second->device();
+  for (const auto& [name, t] : ts) {
+    TORCH_CHECK_VALUE(t->device() == dev, op, ": ", name, " is on ", t->device(), " but ", first.first,
+                      " is on ", dev, " (all tensors must be on one device)");
+  }
+  TORCH_CHECK_VALUE(dev.is_cpu() || dev.is_cuda(), op, ": tensors on ", dev,
+                    " are not supported (expected cpu or cuda)");
+  return dev;
+}
+
+// A per-head parameter (`float[]?` in the schema) as floats that outlive the call.
+struct PerHeadValues {
+  std::vector<float> values;
+  PerHead span() const { return {values.data(), values.size()}; }
+};
+inline PerHeadValues per_head(std::optional<c10::ArrayRef<double>> v) {
+  PerHeadValues out;
+  if (v.has_value()) {
+    for (double x : *v) out.values.push_back(static_cast<float>(x));
+  }
+  return out;
+}
+
+}  // namespace sparge::py

@@ -1,0 +1,297 @@
+// The sparge operators as torch custom ops (namespace `sparge`). Each one allocates its outputs,
+// builds the library's params struct from strided views of the torch tensors (no copies: HND
+// inputs are passed as their transpose(1, 2) views), and runs it on the tensors' device: the CPU
+// backend for CPU tensors, the CUDA backend on the current stream for CUDA tensors. The library
+// validates everything else and its message becomes the Python exception (convert.h).
+//
+// Fake (meta) implementations for torch.compile live in python/sparge/_fake.py; they must allocate
+// exactly what these functions allocate (shapes, dtypes, contiguous strides).
+#include <torch/library.h>
+
+#include <optional>
+
+#include "convert.h"
+
+#ifdef SPARGE_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace sparge::py {
+
+namespace {
+
+// Where a call runs: holds the device guard for the duration of the call.
+class DeviceContext {
+ public:
+  DeviceContext(c10::Device dev, const char* op) {
+    if (dev.is_cpu()) {
+      exec_.backend = Backend::cpu;
+      exec_.cpu_threads = at::get_num_threads();
+      return;
+    }
+#ifdef SPARGE_WITH_CUDA
+    guard_.emplace(dev);
+    exec_.backend = Backend::cuda;
+    exec_.stream = at::cuda::getCurrentCUDAStream(dev.index()).stream();
+#else
+    TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": the tensors are on ", dev,
+                                ", but this build of the sparge extension has no CUDA backend "
+                                "(rebuild on a machine with nvcc and a CUDA torch, SPARGE_CUDA=on)");
+#endif
+  }
+  const Exec& exec() const { return exec_; }
+
+ private:
+  Exec exec_;
+#ifdef SPARGE_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> guard_;
+#endif
+};
+
+at::TensorOptions f32(const at::Tensor& like) { return like.options().dtype(at::kFloat); }
+at::TensorOptions i32(const at::Tensor& like) { return like.options().dtype(at::kInt); }
+
+// [B, S, H, D] output storage in the caller's layout, and its logical view.
+at::Tensor alloc_like_layout(const at::Tensor& user, at::ScalarType dtype) {
+  return at::empty(user.sizes(), user.options().dtype(dtype));
+}
+
+// NQ / NK with a guard for a nonsense block size (the library rejects it with its own message).
+std::int64_t blocks(std::int64_t len, std::int64_t blk) { return blk > 0 ? (len + blk - 1) / blk : 1; }
+
+at::Tensor maybe_lse(const at::Tensor& q_logical, bool want) {
+  if (!want) return at::empty({0}, f32(q_logical));
+  return at::empty({q_logical.size(0), q_logical.size(2), q_logical.size(1)}, f32(q_logical));
+}
+
+// ------------------------------------------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor> block_map(const at::Tensor& q_user, const at::Tensor& k_user,
+                                             std::optional<c10::ArrayRef<double>> topk,
+                                             std::optional<c10::ArrayRef<double>> cdfthreshd,
+                                             std::optional<c10::ArrayRef<double>> simthreshd1, std::int64_t blkq,
+                                             std::int64_t blkk, bool is_causal, bool attention_sink,
+                                             bool smooth_k, double scale, c10::string_view tensor_layout) {
+  constexpr const char* op = "sparge.block_map";
+  const bool hnd = is_hnd(tensor_layout, op);
+  const at::Tensor q = logical(q_user, hnd, op, "q");
+  const at::Tensor k = logical(k_user, hnd, op, "k");
+  const DeviceContext ctx(common_device(op, {{"q", &q}, {"k", &k}}), op);
+
+  const std::int64_t nq = blocks(q.size(1), blkq), nk = blocks(k.size(1), blkk);
+  at::Tensor lut = at::empty({q.size(0), q.size(2), nq, nk}, i32(q));
+  at::Tensor counts = at::empty({q.size(0), q.size(2), nq}, i32(q));
+
+  const PerHeadValues topk_v = per_head(topk), cdf_v = per_head(cdfthreshd), sim_v = per_head(simthreshd1);
+  BlockMapParams p;
+  p.q = view(q, op, "q");
+  p.k = view(k, op, "k");
+  p.blkq = static_cast<int>(blkq);
+  p.blkk = static_cast<int>(blkk);
+  p.scale = static_cast<float>(scale);
+  p.topk = topk_v.span();
+  p.cdfthreshd = cdf_v.span();
+  p.simthreshd1 = sim_v.span();
+  p.is_causal = is_causal;
+  p.attention_sink = attention_sink;
+  p.smooth_k = smooth_k;
+  p.lut = view(lut, op, "lut");
+  p.counts = view(counts, op, "counts");
+  p.exec = ctx.exec();
+  throw_if_error(build_block_map(p));
+  return {lut, counts};
+}
+
+std::tuple<at::Tensor, at::Tensor> block_sparse_attn(const at::Tensor& q_user, const at::Tensor& k_user,
+                                                     const at::Tensor& v_user, const at::Tensor& lut,
+                                                     const at::Tensor& counts, std::int64_t blkq, std::int64_t blkk,
+                                                     bool is_causal, double scale,
+                                                     std::optional<c10::ArrayRef<double>> pv_threshold,
+                                                     c10::string_view tensor_layout, bool return_lse) {
+  constexpr const char* op = "sparge.block_sparse_attn";
+  const bool hnd = is_hnd(tensor_layout, op);
+  const at::Tensor q = logical(q_user, hnd, op, "q");
+  const at::Tensor k = logical(k_user, hnd, op, "k");
+  const at::Tensor v = logical(v_user, hnd, op, "v");
+  const DeviceContext ctx(
+      common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"lut", &lut}, {"counts", &counts}}), op);
+
+  at::Tensor o_user = alloc_like_layout(q_user, q_user.scalar_type());
+  at::Tensor lse = maybe_lse(q, return_lse);
+  const PerHeadValues pv = per_head(pv_threshold);
+  BlockSparseAttentionParams p;
+  p.q = view(q, op, "q");
+  p.k = view(k, op, "k");
+  p.v = view(v, op, "v");
+  p.o = view(logical(o_user, hnd, op, "o"), op, "o");
+  if (return_lse) p.maybe_lse = view(lse, op, "lse");
+  p.lut = view(lut, op, "lut");
+  p.counts = view(counts, op, "counts");
+  p.blkq = static_cast<int>(blkq);
+  p.blkk = static_cast<int>(blkk);
+  p.scale = static_cast<float>(scale);
+  p.is_causal = is_causal;
+  p.pv_threshold = pv.span();
+  p.exec = ctx.exec();
+  throw_if_error(block_sparse_attention(p));
+  return {o_user, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> dense_attn(const at::Tensor& q_user, const at::Tensor& k_user,
+                                              const at::Tensor& v_user, bool is_causal, double scale,
+                                              c10::string_view tensor_layout, bool return_lse) {
+  constexpr const char* op = "sparge.dense_attn";
+  const bool hnd = is_hnd(tensor_layout, op);
+  const at::Tensor q = logical(q_user, hnd, op, "q");
+  const at::Tensor k = logical(k_user, hnd, op, "k");
+  const at::Tensor v = logical(v_user, hnd, op, "v");
+  const DeviceContext ctx(common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}}), op);
+
+  at::Tensor o_user = alloc_like_layout(q_user, q_user.scalar_type());
+  at::Tensor lse = maybe_lse(q, return_lse);
+  DenseAttentionParams p;
+  p.q = view(q, op, "q");
+  p.k = view(k, op, "k");
+  p.v = view(v, op, "v");
+  p.o = view(logical(o_user, hnd, op, "o"), op, "o");
+  if (return_lse) p.maybe_lse = view(lse, op, "lse");
+  p.scale = static_cast<float>(scale);
+  p.is_causal = is_causal;
+  p.exec = ctx.exec();
+  throw_if_error(dense_attention(p));
+  return {o_user, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> topk_select(const at::Tensor& scores, std::int64_t k) {
+  constexpr const char* op = "sparge.topk_select";
+  TORCH_CHECK_VALUE(scores.dim() == 2, op, ": scores has ", scores.dim(), " dimensions (expected 2: [R, N])");
+  TORCH_CHECK_VALUE(k >= 1 && k <= scores.size(1), op, ": k = ", k, " is out of range (expected 1..N = ",
+                    scores.size(1), ")");
+  const DeviceContext ctx(common_device(op, {{"scores", &scores}}), op);
+  at::Tensor indices = at::empty({scores.size(0), k}, i32(scores));
+  at::Tensor counts = at::empty({scores.size(0)}, i32(scores));
+  TopkSelectParams p;
+  p.scores = view(scores, op, "scores");
+  p.k = static_cast<int>(k);
+  p.indices = view(indices, op, "indices");
+  p.maybe_counts = view(counts, op, "counts");
+  p.exec = ctx.exec();
+  throw_if_error(sparge::topk_select(p));
+  return {indices, counts};
+}
+
+std::tuple<at::Tensor, at::Tensor> compact_mask(const at::Tensor& mask, std::int64_t n_max) {
+  constexpr const char* op = "sparge.compact_mask";
+  TORCH_CHECK_VALUE(mask.dim() == 2, op, ": mask has ", mask.dim(), " dimensions (expected 2: [R, N])");
+  TORCH_CHECK_VALUE(n_max >= 1, op, ": n_max = ", n_max, " (expected >= 1)");
+  const DeviceContext ctx(common_device(op, {{"mask", &mask}}), op);
+  at::Tensor indices = at::empty({mask.size(0), n_max}, i32(mask));
+  at::Tensor counts = at::empty({mask.size(0)}, i32(mask));
+  CompactMaskParams p;
+  p.mask = view(mask, op, "mask");
+  p.n_max = static_cast<int>(n_max);
+  p.indices = view(indices, op, "indices");
+  p.counts = view(counts, op, "counts");
+  p.exec = ctx.exec();
+  throw_if_error(sparge::compact_mask(p));
+  return {indices, counts};
+}
+
+std::tuple<at::Tensor, at::Tensor> gather_attn(const at::Tensor& q_user, const at::Tensor& k_user,
+                                               const at::Tensor& v_user, const at::Tensor& indices,
+                                               const at::Tensor& counts, bool is_causal, double scale,
+                                               bool group_union, std::int64_t union_rows,
+                                               c10::string_view tensor_layout, bool return_lse) {
+  constexpr const char* op = "sparge.gather_attn";
+  const bool hnd = is_hnd(tensor_layout, op);
+  const at::Tensor q = logical(q_user, hnd, op, "q");
+  const at::Tensor k = logical(k_user, hnd, op, "k");
+  const at::Tensor v = logical(v_user, hnd, op, "v");
+  const DeviceContext ctx(
+      common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"indices", &indices}, {"counts", &counts}}), op);
+
+  at::Tensor o_user = alloc_like_layout(q_user, q_user.scalar_type());
+  at::Tensor lse = maybe_lse(q, return_lse);
+  GatherAttentionParams p;
+  p.q = view(q, op, "q");
+  p.k = view(k, op, "k");
+  p.v = view(v, op, "v");
+  p.o = view(logical(o_user, hnd, op, "o"), op, "o");
+  if (return_lse) p.maybe_lse = view(lse, op, "lse");
+  p.indices = view(indices, op, "indices");
+  p.counts = view(counts, op, "counts");
+  p.scale = static_cast<float>(scale);
+  p.is_causal = is_causal;
+  p.group_union = group_union;
+  p.union_rows = static_cast<int>(union_rows);
+  p.exec = ctx.exec();
+  throw_if_error(gather_attention(p));
+  return {o_user, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> merge_attn(const at::Tensor& o_a_user, const at::Tensor& lse_a,
+                                              const at::Tensor& o_b_user, const at::Tensor& lse_b,
+                                              c10::string_view tensor_layout) {
+  constexpr const char* op = "sparge.merge_attn";
+  const bool hnd = is_hnd(tensor_layout, op);
+  const at::Tensor o_a = logical(o_a_user, hnd, op, "o_a");
+  const at::Tensor o_b = logical(o_b_user, hnd, op, "o_b");
+  const DeviceContext ctx(
+      common_device(op, {{"o_a", &o_a}, {"lse_a", &lse_a}, {"o_b", &o_b}, {"lse_b", &lse_b}}), op);
+
+  at::Tensor o_user = alloc_like_layout(o_a_user, o_a_user.scalar_type());
+  at::Tensor lse = at::empty({o_a.size(0), o_a.size(2), o_a.size(1)}, f32(o_a));
+  MergeAttentionParams p;
+  p.o_a = view(o_a, op, "o_a");
+  p.lse_a = view(lse_a, op, "lse_a");
+  p.o_b = view(o_b, op, "o_b");
+  p.lse_b = view(lse_b, op, "lse_b");
+  p.o = view(logical(o_user, hnd, op, "o"), op, "o");
+  p.lse = view(lse, op, "lse");
+  p.exec = ctx.exec();
+  throw_if_error(merge_attention(p));
+  return {o_user, lse};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(sparge, m) {
+  m.def(
+      "block_map(Tensor q, Tensor k, float[]? topk, float[]? cdfthreshd, float[]? simthreshd1, int blkq, "
+      "int blkk, bool is_causal, bool attention_sink, bool smooth_k, float scale, str tensor_layout) "
+      "-> (Tensor lut, Tensor counts)");
+  m.def(
+      "block_sparse_attn(Tensor q, Tensor k, Tensor v, Tensor lut, Tensor counts, int blkq, int blkk, "
+      "bool is_causal, float scale, float[]? pv_threshold, str tensor_layout, bool return_lse) "
+      "-> (Tensor o, Tensor lse)");
+  m.def(
+      "dense_attn(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str tensor_layout, "
+      "bool return_lse) -> (Tensor o, Tensor lse)");
+  m.def("topk_select(Tensor scores, int k) -> (Tensor indices, Tensor counts)");
+  m.def("compact_mask(Tensor mask, int n_max) -> (Tensor indices, Tensor counts)");
+  m.def(
+      "gather_attn(Tensor q, Tensor k, Tensor v, Tensor indices, Tensor counts, bool is_causal, float scale, "
+      "bool group_union, int union_rows, str tensor_layout, bool return_lse) -> (Tensor o, Tensor lse)");
+  m.def(
+      "merge_attn(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b, str tensor_layout) "
+      "-> (Tensor o, Tensor lse)");
+}
+
+// One implementation serves both keys: it picks the backend from the tensors' device (and rejects
+// mixed devices with a message naming both).
+#define SPARGE_IMPL_ALL(m)                        \
+  m.impl("block_map", &block_map);                \
+  m.impl("block_sparse_attn", &block_sparse_attn); \
+  m.impl("dense_attn", &dense_attn);              \
+  m.impl("topk_select", &topk_select);            \
+  m.impl("compact_mask", &compact_mask);          \
+  m.impl("gather_attn", &gather_attn);            \
+  m.impl("merge_attn", &merge_attn);
+
+TORCH_LIBRARY_IMPL(sparge, CPU, m) { SPARGE_IMPL_ALL(m) }
+TORCH_LIBRARY_IMPL(sparge, CUDA, m) { SPARGE_IMPL_ALL(m) }
+
+#undef SPARGE_IMPL_ALL
+
+}  // namespace sparge::py

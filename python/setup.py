@@ -1,0 +1,117 @@
+"""Builds the sparge PyTorch extension (`sparge._C`) from the library sources.
+
+One command, from the repository root (the GPU machine has everything it needs; no network):
+
+    python3 python/setup.py build_ext --inplace       # then: PYTHONPATH=python python3 ...
+    pip install --no-build-isolation -v ./python       # or install it into the environment
+
+The extension compiles the library itself (src/core, src/validate, src/cpu, src/dispatch.cpp and, with
+CUDA, every src/cuda/**/*.cu and *.cpp except src/cuda/stub.cpp) together with the bindings in
+python/csrc/, so there is no separate CMake step. Environment variables:
+
+  SPARGE_CUDA         auto (default): CUDA backend when torch has CUDA and nvcc is found, otherwise a
+                      CPU-only build (with a warning); on: fail unless the CUDA backend can be built;
+                      off: CPU-only build (src/cuda/stub.cpp answers every CUDA call with an error).
+  SPARGE_TORCH_ARCHS  CUDA architectures, ';'-separated (default "90a"; e.g. "90a;80").
+  MAX_JOBS            parallel compile jobs (ninja; default: all cores).
+"""
+
+import glob
+import os
+import sys
+
+from setuptools import setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# build_ext --inplace places the module relative to the working directory; work from python/ so
+# the command can be run from anywhere.
+os.chdir(HERE)
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:  # pragma: no cover - a build without torch cannot do anything useful
+    sys.exit("sparge: building the extension needs PyTorch (import torch failed). Install torch first; "
+             "with pip use --no-build-isolation so the installed torch is used.")
+
+
+def _sources(*patterns):
+    out = []
+    for pattern in patterns:
+        out += glob.glob(os.path.join(ROOT, pattern), recursive=True)
+    return sorted(out)
+
+
+def _cuda_mode():
+    mode = os.environ.get("SPARGE_CUDA", "auto").strip().lower()
+    if mode not in ("auto", "on", "off", "1", "0", "true", "false"):
+        sys.exit(f"sparge: SPARGE_CUDA = {mode!r} (expected auto, on or off)")
+    if mode in ("off", "0", "false"):
+        return False
+    reasons = []
+    if torch.version.cuda is None:
+        reasons.append(f"this torch ({torch.__version__}) is built without CUDA")
+    if cpp_extension.CUDA_HOME is None:
+        reasons.append("no CUDA toolkit (nvcc) found: set CUDA_HOME or put nvcc on PATH")
+    if not reasons:
+        return True
+    msg = "sparge: cannot build the CUDA backend: " + "; ".join(reasons)
+    if mode in ("on", "1", "true"):
+        sys.exit(msg + " (SPARGE_CUDA=on)")
+    print(msg + ". Building the CPU-only extension (CUDA tensors will raise).", file=sys.stderr)
+    return False
+
+
+WITH_CUDA = _cuda_mode()
+
+lib_sources = _sources("src/core/*.cpp", "src/validate/*.cpp", "src/cpu/*.cpp", "src/dispatch.cpp")
+binding_sources = _sources("python/csrc/*.cpp")
+include_dirs = [os.path.join(ROOT, "include"), os.path.join(ROOT, "src"), os.path.join(HERE, "csrc")]
+cxx_flags = ["-O3", "-g0", "-std=c++20", "-fvisibility=hidden"]
+
+if WITH_CUDA:
+    cuda_sources = [s for s in _sources("src/cuda/**/*.cu", "src/cuda/**/*.cpp")
+                    if os.path.basename(s) != "stub.cpp"]
+    archs = [a.strip() for a in os.environ.get("SPARGE_TORCH_ARCHS", "90a").split(";") if a.strip()]
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    nvcc_flags = [
+        "-O3", "-std=c++20", "-lineinfo", "--expt-relaxed-constexpr", *gencode,
+        # torch.utils.cpp_extension adds -D__CUDA_NO_HALF_OPERATORS__ and friends for its own
+        # kernels; the library's kernels are written (and built by CMake) with the normal cuda_fp16 /
+        # cuda_bf16 operators, so undo them.
+        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
+        "-DSPARGE_WITH_CUDA=1",
+    ]
+    if len(archs) > 1:
+        nvcc_flags.append(f"--threads={len(archs)}")
+    ext = cpp_extension.CUDAExtension(
+        name="sparge._C",
+        sources=lib_sources + cuda_sources + binding_sources,
+        include_dirs=include_dirs,
+        define_macros=[("SPARGE_WITH_CUDA", "1")],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+    )
+else:
+    ext = cpp_extension.CppExtension(
+        name="sparge._C",
+        sources=lib_sources + [os.path.join(ROOT, "src/cuda/stub.cpp")] + binding_sources,
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx_flags},
+    )
+
+print(f"sparge: building the {'CUDA' if WITH_CUDA else 'CPU-only'} extension from {len(ext.sources)} sources",
+      file=sys.stderr)
+
+setup(
+    name="sparge",
+    version="0.1.0",
+    description="SpargeAttn-style block-sparse and token-level sparse attention (PyTorch extension)",
+    packages=["sparge"],
+    package_dir={"sparge": "sparge"},
+    ext_modules=[ext],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+    zip_safe=False,
+)

@@ -1,0 +1,217 @@
+"""Block-sparse, SpargeAttn end-to-end, dense attention and LSE merging against float64 references.
+
+Every device in ref.devices() runs: the CPU backend always, the CUDA backend when it is built and a
+GPU is visible (otherwise those cases are skipped, never failed).
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import sparge
+from sparge import utils
+from ref import (assert_close_to_ref, assert_lse_close, devices, randn_qkv, ref_attention, sdpa_baseline,
+                 to_hnd)
+
+DEVICES = devices()
+
+
+def _dtypes(device):
+    return [torch.float16, torch.bfloat16] + ([torch.float32] if device == "cpu" else [])
+
+
+def _cases():
+    """(device, dtype, d, causal, layout, shape) with GQA, block sizes and lengths varied across cases."""
+    shapes = [  # b, hq, hk, sq, sk, blkq, blkk
+        (1, 2, 2, 113, 203, 64, 64),
+        (2, 4, 2, 256, 256, 64, 128),
+        (1, 4, 1, 200, 130, 128, 64),  # Sq > Sk: causal leaves the first rows empty
+        (1, 2, 1, 320, 384, 128, 128),
+    ]
+    out = []
+    for device in ["cpu", "cuda"]:
+        for i, (dtype, d, causal, layout) in enumerate(
+                itertools.product([torch.float16, torch.bfloat16, torch.float32], [64, 128], [False, True],
+                                  ["HND", "NHD"])):
+            if device == "cuda" and dtype == torch.float32:
+                continue
+            out.append(pytest.param(device, dtype, d, causal, layout, shapes[i % len(shapes)],
+                                    id=f"{device}-{str(dtype)[6:]}-d{d}-{'causal' if causal else 'full'}-{layout}-"
+                                       f"s{shapes[i % len(shapes)][3]}x{shapes[i % len(shapes)][4]}"))
+    return out
+
+
+def _skip_unless(device):
+    if device not in DEVICES:
+        pytest.skip(f"{device}: no CUDA device or sparge built without CUDA")
+
+
+def _random_lut(b, h, sq, sk, blkq, blkk, density, gen, device):
+    nq, nk = utils.num_blocks(sq, blkq), utils.num_blocks(sk, blkk)
+    bm = torch.rand(b, h, nq, nk, generator=gen) < density
+    bm[:, 0, 1] = False  # an empty LUT row in every batch
+    bm[0, -1, 0] = True  # and a full one
+    lut, counts = utils.lut_from_block_mask(bm)
+    return lut.to(device), counts.to(device)
+
+
+@pytest.mark.parametrize("device,dtype,d,causal,layout,shape", _cases())
+def test_block_sparse_attn_matches_masked_reference(device, dtype, d, causal, layout, shape):
+    _skip_unless(device)
+    b, hq, hk, sq, sk, blkq, blkk = shape
+    gen = torch.Generator().manual_seed(hash((str(dtype), d, causal, layout, sq)) % 2**31)
+    q, k, v = randn_qkv(b, hq, hk, sq, sk, d, dtype, device, layout, gen)
+    lut, counts = _random_lut(b, hq, sq, sk, blkq, blkk, 0.5, gen, device)
+
+    o, lse = sparge.block_sparse_attn(q, k, v, lut, counts, blkq=blkq, blkk=blkk, is_causal=causal,
+                                      tensor_layout=layout, return_lse=True)
+    assert o.shape == q.shape and o.dtype == q.dtype and o.device == q.device
+    assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32
+
+    mask = utils.token_mask_from_lut(lut, counts, sq, sk, blkq, blkk, causal)
+    qh, kh, vh = (to_hnd(t, layout) for t in (q, k, v))
+    ref_o, ref_lse = ref_attention(qh, kh, vh, mask)
+    base = sdpa_baseline(qh, kh, vh, mask)
+    assert_close_to_ref(to_hnd(o, layout), ref_o, base, "block_sparse_attn")
+    assert_lse_close(lse, ref_lse, dtype, "block_sparse_attn")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_block_sparse_attn_is_deterministic_and_honours_scale(device):
+    _skip_unless(device)
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = randn_qkv(1, 2, 2, 192, 192, 64, dtype, device, "HND", gen)
+    lut, counts = _random_lut(1, 2, 192, 192, 64, 64, 0.6, gen, device)
+    a = sparge.block_sparse_attn(q, k, v, lut, counts, scale=0.3, return_lse=True)
+    c = sparge.block_sparse_attn(q, k, v, lut, counts, scale=0.3, return_lse=True)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+    mask = utils.token_mask_from_lut(lut, counts, 192, 192, 64, 64)
+    ref_o, _ = ref_attention(q, k, v, mask, scale=0.3)
+    assert_close_to_ref(a[0], ref_o, sdpa_baseline(q, k, v, mask, scale=0.3), "scale=0.3")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("api", ["topk", "cdf"])
+def test_sparge_attn_equals_attention_with_its_block_map(device, causal, layout, api):
+    _skip_unless(device)
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    b, hq, hk, s, d = 1, 4, 2, 384 if device == "cpu" else 1024, 128
+    gen = torch.Generator().manual_seed(11 + causal + 2 * (layout == "NHD"))
+    q, k, v = randn_qkv(b, hq, hk, s, s, d, dtype, device, layout, gen)
+    # Random inputs have no self-similar blocks at upstream's cdf default (0.6), which would make the
+    # map dense; -0.1 keeps every block rankable for both rules.
+    sel = {"topk": 0.4} if api == "topk" else {"cdfthreshd": 0.5}
+    sel["simthreshd1"] = -0.1
+    o, lse, sparsity, lut, counts = sparge.sparge_attn(
+        q, k, v, **sel, is_causal=causal, tensor_layout=layout, return_lse=True, return_sparsity=True,
+        return_block_map=True)
+
+    blk = sparge.DEFAULT_BLKQ, sparge.DEFAULT_BLKK
+    nv = utils.visible_blocks_per_row(s, s, *blk, causal)
+    nq, nk = len(nv), utils.num_blocks(s, blk[1])
+    assert lut.shape == (b, hq, nq, nk) and counts.shape == (b, hq, nq)
+    counts_c, lut_c = counts.cpu(), lut.cpu()
+    nv_t = torch.tensor(nv).expand_as(counts_c)
+    assert ((counts_c >= 1) & (counts_c <= nv_t)).all(), "every visible row selects 1..NV blocks"
+    for bi, h, qb in itertools.product(range(b), range(hq), range(nq)):
+        row = lut_c[bi, h, qb]
+        c = int(counts_c[bi, h, qb])
+        assert (row[c:] == -1).all() and (row[:c] >= 0).all() and (row[:c] < nv[qb]).all()
+        assert (row[1:c] > row[:c - 1]).all(), "LUT rows ascend"
+    expected_sparsity = 1.0 - counts_c.sum().item() / (sum(nv) * b * hq)
+    assert abs(sparsity - expected_sparsity) < 1e-6
+    assert sparsity > 0.0, "the test inputs should leave something out"
+
+    mask = utils.token_mask_from_lut(lut, counts, s, s, *blk, causal)
+    qh, kh, vh = (to_hnd(t, layout) for t in (q, k, v))
+    ref_o, ref_lse = ref_attention(qh, kh, vh, mask)
+    assert_close_to_ref(to_hnd(o, layout), ref_o, sdpa_baseline(qh, kh, vh, mask), "sparge_attn")
+    assert_lse_close(lse, ref_lse, dtype, "sparge_attn")
+
+    # The block map alone gives the same map (it is deterministic).
+    lut2, counts2 = sparge.block_map(q, k, **sel, is_causal=causal, tensor_layout=layout)
+    assert torch.equal(lut2, lut) and torch.equal(counts2, counts)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_topk_one_is_dense(device):
+    _skip_unless(device)
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = randn_qkv(1, 2, 2, 256, 256, 64, dtype, device, "HND", gen)
+    o, sp = sparge.sparge_attn(q, k, v, topk=1.0, is_causal=True, return_sparsity=True)
+    assert sp == 0.0
+    ref_o, _ = ref_attention(q, k, v, utils.causal_mask(256, 256))
+    assert_close_to_ref(o, ref_o, sdpa_baseline(q, k, v, utils.causal_mask(256, 256, device)), "topk=1")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_upstream_aliases(device):
+    _skip_unless(device)
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = randn_qkv(1, 2, 2, 256, 256, 64, dtype, device, "NHD", gen)
+    o = sparge.spas_sage2_attn_meansim_topk_cuda(q, k, v, topk=0.5, tensor_layout="NHD")
+    o2 = sparge.sparge_attn(q, k, v, topk=0.5, simthreshd1=-0.1, pvthreshd=50, tensor_layout="NHD")
+    assert torch.equal(o, o2)
+    o3, sp = sparge.spas_sage2_attn_meansim_cuda(q, k, v, tensor_layout="NHD", return_sparsity=True,
+                                                 output_dtype=torch.float32)
+    o4 = sparge.sparge_attn(q, k, v, cdfthreshd=0.98, simthreshd1=0.6, tensor_layout="NHD")
+    assert o3.dtype == torch.float32 and torch.equal(o3, o4.float()) and 0.0 <= sp < 1.0
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dense_attn(device, causal, d):
+    _skip_unless(device)
+    for dtype in _dtypes(device):
+        gen = torch.Generator().manual_seed(d + causal)
+        q, k, v = randn_qkv(2, 4, 2, 150, 333, d, dtype, device, "NHD", gen)
+        o, lse = sparge.dense_attn(q, k, v, is_causal=causal, tensor_layout="NHD", return_lse=True)
+        mask = utils.causal_mask(150, 333) if causal else None
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        ref_o, ref_lse = ref_attention(qh, kh, vh, mask)
+        assert_close_to_ref(o.transpose(1, 2), ref_o, sdpa_baseline(qh, kh, vh, mask), f"dense {dtype}")
+        assert_lse_close(lse, ref_lse, dtype, f"dense {dtype}")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_merge_halves_of_the_keys(device):
+    _skip_unless(device)
+    for dtype in _dtypes(device):
+        gen = torch.Generator().manual_seed(17)
+        q, k, v = randn_qkv(1, 4, 2, 130, 260, 64, dtype, device, "HND", gen)
+        oa, la = sparge.dense_attn(q, k[:, :, :100], v[:, :, :100], return_lse=True)
+        ob, lb = sparge.dense_attn(q, k[:, :, 100:], v[:, :, 100:], return_lse=True)
+        o, lse = sparge.merge_attn(oa, la, ob, lb)
+        ref_o, ref_lse = ref_attention(q, k, v, None)
+        assert_close_to_ref(o, ref_o, sdpa_baseline(q, k, v, None), f"merge {dtype}")
+        assert_lse_close(lse, ref_lse, dtype, f"merge {dtype}")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_merge_disjoint_luts_with_empty_rows(device):
+    """Two LUTs that split one LUT's blocks (causal, so some partials are empty rows) merge to the whole."""
+    _skip_unless(device)
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(23)
+    b, h, s, blk = 1, 2, 320, 64
+    q, k, v = randn_qkv(b, h, h, s, s, 64, dtype, device, "NHD", gen)
+    nq = utils.num_blocks(s, blk)
+    bm = torch.rand(b, h, nq, nq, generator=gen) < 0.7
+    take_a = torch.rand(b, h, nq, nq, generator=gen) < 0.5
+    parts = [utils.lut_from_block_mask(m) for m in (bm & take_a, bm & ~take_a)]
+    (oa, la), (ob, lb) = (sparge.block_sparse_attn(q, k, v, l.to(device), c.to(device), is_causal=True,
+                                                   tensor_layout="NHD", return_lse=True) for l, c in parts)
+    o, lse = sparge.merge_attn(oa, la, ob, lb, tensor_layout="NHD")
+    lut, counts = utils.lut_from_block_mask(bm)
+    mask = utils.token_mask_from_lut(lut, counts, s, s, blk, blk, True)
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    ref_o, ref_lse = ref_attention(qh, kh, vh, mask)
+    assert_close_to_ref(o.transpose(1, 2), ref_o, sdpa_baseline(qh, kh, vh, mask), "merge luts")
+    assert_lse_close(lse, ref_lse, dtype, "merge luts")
