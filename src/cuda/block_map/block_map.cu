@@ -1,6 +1,211 @@
-// PLACEHOLDER: to be replaced by the real kernel.
+// CUDA entry of build_block_map (docs/semantics.md Stage 1; design in docs/block_map_gpu.md).
+// plan() is the one selection function: supported() reports its status, build_block_map() runs
+// what it planned, so the two never disagree. The params have passed detail::validate already.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cuda/block_map/block_map.cuh"
 #include "cuda/cuda_backend.h"
+#include "validate/validate.h"
+
 namespace sparge::cuda {
-Status supported(const BlockMapParams&) { return unsupported("cuda::build_block_map is not implemented yet"); }
-Status build_block_map(const BlockMapParams& p) { return sparge::cuda::supported(p); }
+
+namespace {
+
+using namespace block_map;
+constexpr const char* kOp = "build_block_map";
+
+// Whether the 16-byte vector loads apply: unit stride along D and every row start 16-byte aligned
+// (the base pointer, and the strides of every dimension that has more than one index, multiples
+// of 8 elements). Otherwise the kernels read element by element, which is correct for any strides.
+bool vector_loads(const Tensor& t) {
+  if (t.shape[3] > 1 && t.stride[3] != 1) return false;
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) return false;
+  for (int i = 0; i < 3; ++i) {
+    if (t.shape[i] > 1 && t.stride[i] % 8 != 0) return false;
+  }
+  return true;
+}
+
+struct Plan {
+  Geometry g;
+  std::size_t select_smem = 0;
+};
+
+Status plan(const BlockMapParams& p, Plan& out) {
+  if (p.q.dtype != DType::f16 && p.q.dtype != DType::bf16) {
+    return unsupported(detail::cat(kOp, ": q.dtype = ", to_string(p.q.dtype),
+                                   " is not supported by the CUDA backend (expected f16 or bf16)"));
+  }
+  const detail::Dims dims = detail::attention_dims(p.q, p.k, p.varlen);
+  if (dims.d % 8 != 0 || dims.d > 256) {
+    return unsupported(detail::cat(kOp, ": q.shape[3] (head dim) = ", dims.d,
+                                   " is not supported by the CUDA backend (expected a multiple of 8, at most 256)"));
+  }
+  Geometry& g = out.g;
+  g.nseq = dims.batch;
+  g.hq = dims.hq;
+  g.hk = dims.hk;
+  g.d = dims.d;
+  g.sq = dims.sq;
+  g.sk = dims.sk;
+  g.nq = num_blocks(dims.sq, p.blkq);
+  g.nk = num_blocks(dims.sk, p.blkk);
+  g.blkq = p.blkq;
+  g.blkk = p.blkk;
+  g.causal = p.is_causal;
+  g.cu_q = p.varlen.enabled() ? p.varlen.cu_seqlens_q : nullptr;
+  g.cu_k = p.varlen.enabled() ? p.varlen.cu_seqlens_k : nullptr;
+  g.rows_q = p.q.shape[1];
+  g.rows_k = p.k.shape[1];
+  if (g.nk > kMaxKeyBlocks) {
+    return unsupported(detail::cat(kOp, ": NK = ", g.nk, " key blocks per row (Sk = ", dims.sk, ", blkk = ", p.blkk,
+                                   ") exceed the CUDA selection limit of ", kMaxKeyBlocks));
+  }
+  out.select_smem = select_smem_bytes(g.nk);
+  int dev = 0, optin = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) {
+    return runtime_error(detail::cat(kOp, ": cannot query the CUDA device: ", cudaGetErrorString(e)));
+  }
+  if (out.select_smem > static_cast<std::size_t>(optin)) {
+    return unsupported(detail::cat(kOp, ": NK = ", g.nk, " key blocks per row need ", out.select_smem,
+                                   " bytes of shared memory for the selection, this device allows ", optin));
+  }
+  return {};
+}
+
+Rows rows_of(const Tensor& t) {
+  Rows r;
+  r.data = static_cast<const std::uint16_t*>(t.data);
+  for (int i = 0; i < 4; ++i) r.stride[i] = t.stride[i];
+  r.vec = vector_loads(t);
+  return r;
+}
+
+template <class T>
+Out<T> out_of(const Tensor& t) {
+  Out<T> o;
+  o.data = static_cast<T*>(t.data);
+  for (int i = 0; i < t.ndim; ++i) o.stride[i] = t.stride[i];
+  return o;
+}
+
+std::size_t round_up(std::size_t n) { return (n + 63) / 64 * 64; }  // 256-byte aligned regions
+
+// Fills a per-head value, inline when the heads fit, else from `dev` (hq floats, uploaded by the
+// caller from `host`).
+void fill_heads(PerHead v, std::int64_t hq, HeadValues& out, std::vector<float>& host) {
+  host.resize(static_cast<std::size_t>(hq));
+  for (std::int64_t h = 0; h < hq; ++h) host[static_cast<std::size_t>(h)] = detail::per_head(v, static_cast<int>(h));
+  if (hq <= kInlineHeads) {
+    for (std::int64_t h = 0; h < hq; ++h) out.inl[h] = host[static_cast<std::size_t>(h)];
+  }
+}
+
+}  // namespace
+
+Status supported(const BlockMapParams& p) {
+  Plan pl;
+  return plan(p, pl);
+}
+
+Status build_block_map(const BlockMapParams& p) {
+  Plan pl;
+  SPARGE_RETURN_IF_ERROR(plan(p, pl));
+  const Geometry& g = pl.g;
+  auto stream = static_cast<cudaStream_t>(p.exec.stream);
+  const bool bf16 = p.q.dtype == DType::bf16;
+
+  // Selection rule and per-head values.
+  SelectRule rule;
+  rule.use_topk = !p.topk.empty();
+  rule.sink = p.attention_sink;
+  rule.has_threshold = !p.simthreshd1.empty();
+  std::vector<float> host_value, host_threshold;
+  fill_heads(rule.use_topk ? p.topk : p.cdfthreshd, g.hq, rule.value, host_value);
+  if (rule.has_threshold) fill_heads(p.simthreshd1, g.hq, rule.threshold, host_threshold);
+  const bool heads_on_device = g.hq > kInlineHeads;
+
+  // Scratch: one allocation on the stream, carved into fp32 regions.
+  Scratch s;
+  s.nchunks = p.smooth_k ? (g.sk + kKSumRows - 1) / kKSumRows : 0;
+  const auto n = [](std::int64_t v) { return round_up(static_cast<std::size_t>(v)); };
+  const std::size_t sizes[] = {
+      n(g.nseq * g.hk * s.nchunks * g.d), n(g.nseq * g.hk * g.d), n(g.nseq * g.hk * g.nk * g.d), n(g.nseq * g.hk * g.nk),
+      n(g.nseq * g.hq * g.nq * g.d),      n(g.nseq * g.hq * g.nq), n(g.nseq * g.hq * g.nq * g.nk),
+      heads_on_device ? n(2 * g.hq) : 0};
+  std::size_t floats = 0;
+  for (std::size_t v : sizes) floats += v;
+  if (floats == 0) return {};
+
+  float* base = nullptr;
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&base), floats * sizeof(float), stream);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error so it does not surface in a later call
+    return runtime_error(detail::cat(kOp, ": cudaMallocAsync of ", floats * sizeof(float),
+                                     " bytes of scratch failed: ", cudaGetErrorString(e)));
+  }
+  float* cursor = base;
+  float** regions[] = {&s.k_part, &s.k_mean, &s.pk, &s.k_sim, &s.pq, &s.q_sim, &s.scores};
+  for (int i = 0; i < 7; ++i) {
+    *regions[i] = cursor;
+    cursor += sizes[i];
+  }
+
+  const char* phase = "";
+  const auto fail = [&](cudaError_t err) {
+    (void)cudaFreeAsync(base, stream);
+    (void)cudaGetLastError();
+    return runtime_error(detail::cat(kOp, ": CUDA error in ", phase, ": ", cudaGetErrorString(err)));
+  };
+
+  if (heads_on_device) {
+    phase = "copying per-head parameters";
+    // Pageable host memory: cudaMemcpyAsync has staged the values when it returns, so the host
+    // vectors may go out of scope afterwards.
+    rule.value.dev = cursor;
+    e = cudaMemcpyAsync(cursor, host_value.data(), g.hq * sizeof(float), cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess && rule.has_threshold) {
+      rule.threshold.dev = cursor + g.hq;
+      e = cudaMemcpyAsync(cursor + g.hq, host_threshold.data(), g.hq * sizeof(float), cudaMemcpyHostToDevice, stream);
+    }
+    if (e != cudaSuccess) return fail(e);
+  }
+
+  const Rows q = rows_of(p.q), k = rows_of(p.k);
+  if (p.smooth_k) {
+    phase = "the K mean (k_sum)";
+    if ((e = launch_k_sum(g, k, bf16, s, stream)) != cudaSuccess) return fail(e);
+    phase = "the K mean (k_mean)";
+    if ((e = launch_k_mean(g, s, stream)) != cudaSuccess) return fail(e);
+  }
+  phase = "the K pooling";
+  if ((e = launch_pool(g, k, bf16, true, p.smooth_k, s, out_of<float>(p.maybe_k_sim), stream)) != cudaSuccess) {
+    return fail(e);
+  }
+  phase = "the Q pooling";
+  if ((e = launch_pool(g, q, bf16, false, false, s, out_of<float>(p.maybe_q_sim), stream)) != cudaSuccess) {
+    return fail(e);
+  }
+  const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;
+  phase = "the pooled scores";
+  if ((e = launch_scores(g, scale, s, stream)) != cudaSuccess) return fail(e);
+  phase = "the selection";
+  if ((e = launch_select(g, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
+                         out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
+    return fail(e);
+  }
+  e = cudaFreeAsync(base, stream);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return runtime_error(detail::cat(kOp, ": cudaFreeAsync of the scratch failed: ", cudaGetErrorString(e)));
+  }
+  return {};
+}
+
 }  // namespace sparge::cuda

@@ -1,0 +1,131 @@
+// Shared pieces of the CUDA block map (docs/block_map_gpu.md): the geometry every kernel indexes
+// with, the sequence / visibility rules of docs/semantics.md (Stage 1) in device form, the input
+// loaders, and the launchers the host entry (block_map.cu) calls in order:
+//   k_sum -> k_mean (smooth_k only), pool (K, then Q), scores (pooled QK), select (top-k / cdf, LUT).
+// Every kernel walks a 1-D grid-stride loop over 64-bit work indices, so batch * heads may exceed
+// 65535 (and any count fits) without relying on gridDim.y / z.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sparge::cuda::block_map {
+
+// Threads of the pooling and K-sum kernels: each row of D values is read by LANES threads, 8
+// values (16 bytes) each, so a CTA reads 256 / LANES rows at a time.
+constexpr int kPoolThreads = 256;
+// Rows of K summed by one CTA of the K-mean pass: fixed, so the summation order (and therefore
+// the mean, bit for bit) depends only on the shape.
+constexpr int kKSumRows = 1024;
+// The largest number of key blocks one selection CTA can rank (1024 threads x 16 keys).
+constexpr int kMaxKeyBlocks = 16384;
+
+// Sizes as the LUT sees them (varlen: sequences and max lengths) and where sequences live.
+struct Geometry {
+  std::int64_t nseq = 0, hq = 0, hk = 0, d = 0;
+  std::int64_t sq = 0, sk = 0;  // rows per sequence; with varlen the max_seqlen values
+  std::int64_t nq = 0, nk = 0;  // blocks per sequence row of the LUT
+  int blkq = 64, blkk = 64;
+  bool causal = false;
+  const std::int32_t* cu_q = nullptr;  // device memory; null without varlen
+  const std::int32_t* cu_k = nullptr;
+  std::int64_t rows_q = 0, rows_k = 0;  // dimension 1 of q and k (varlen clamps to them)
+};
+
+// A [B, S, H, D] tensor of 16-bit floats (f16 or bf16, said by the kernel's template type).
+struct Rows {
+  const std::uint16_t* data = nullptr;
+  std::int64_t stride[4] = {0, 0, 0, 0};
+  bool vec = false;  // stride[3] == 1 and every row start 16-byte aligned: 16-byte loads
+};
+
+// A strided f32 / i32 output of up to 4 dimensions (the optional ones have data == nullptr).
+template <class T>
+struct Out {
+  T* data = nullptr;
+  std::int64_t stride[4] = {0, 0, 0, 0};
+};
+
+// One value per query head: inline for up to kInlineHeads heads (no copy to the device needed),
+// else in device memory.
+constexpr int kInlineHeads = 128;
+struct HeadValues {
+  const float* dev = nullptr;
+  float inl[kInlineHeads] = {};
+#ifdef __CUDACC__
+  __device__ __forceinline__ float operator[](std::int64_t h) const { return dev != nullptr ? dev[h] : inl[h]; }
+#endif
+};
+
+// Scratch, all fp32, carved from one allocation by the host entry.
+struct Scratch {
+  float* k_part = nullptr;  // [nseq, hk, nchunks, D]  K sums of kKSumRows-row chunks
+  float* k_mean = nullptr;  // [nseq, hk, D]
+  float* pk = nullptr;      // [nseq, hk, NK, D]  pooled (smoothed) K
+  float* k_sim = nullptr;   // [nseq, hk, NK]
+  float* pq = nullptr;      // [nseq, hq, NQ, D]  pooled Q
+  float* q_sim = nullptr;   // [nseq, hq, NQ]
+  float* scores = nullptr;  // [nseq, hq, NQ, NK] scale * pq . pk (only tiles that a row can see)
+  std::int64_t nchunks = 0;
+};
+
+struct SelectRule {
+  bool use_topk = true;
+  bool sink = false;
+  bool has_threshold = false;
+  HeadValues value;      // topk or cdfthreshd of each query head
+  HeadValues threshold;  // simthreshd1 of each query head (when has_threshold)
+};
+
+// Launchers (each checks its launch with cudaGetLastError and returns the error).
+// dtype_bf16 picks the element type of q / k.
+cudaError_t launch_k_sum(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st);
+// Pools Q (is_k = false: heads = hq, blocks of blkq) or K (heads = hk, blocks of blkk, shifted by
+// k_mean when smooth), writing pooled rows, similarities and the optional diagnostic output.
+cudaError_t launch_pool(const Geometry& g, const Rows& x, bool bf16, bool is_k, bool smooth, const Scratch& s,
+                        const Out<float>& maybe_sim, cudaStream_t st);
+cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st);
+// Bytes of dynamic shared memory the selection kernel for nk key blocks needs (0: nk too large).
+std::size_t select_smem_bytes(std::int64_t nk);
+cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
+                          const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st);
+
+#ifdef __CUDACC__
+
+// Where one sequence's rows live (docs/semantics.md, varlen): the tensor batch index and the row
+// ranges of q and k. The host cannot read cu_seqlens, so the ranges are clamped to the tensor and
+// to max_seqlen here; for valid inputs the clamps change nothing.
+struct Seq {
+  std::int64_t batch, q_begin, q_len, k_begin, k_len;
+};
+
+__device__ __forceinline__ std::int64_t clamp64(std::int64_t v, std::int64_t lo, std::int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+__device__ __forceinline__ Seq sequence(const Geometry& g, std::int64_t s) {
+  if (g.cu_q == nullptr) return {s, 0, g.sq, 0, g.sk};
+  const std::int64_t qb = clamp64(g.cu_q[s], 0, g.rows_q), qe = clamp64(g.cu_q[s + 1], qb, g.rows_q);
+  const std::int64_t kb = clamp64(g.cu_k[s], 0, g.rows_k), ke = clamp64(g.cu_k[s + 1], kb, g.rows_k);
+  return {0, qb, clamp64(qe - qb, 0, g.sq), kb, clamp64(ke - kb, 0, g.sk)};
+}
+
+// Key blocks [0, NV) are visible to query block qb (a prefix); 0 past the sequence's end. Causal
+// masking is bottom-right aligned: the block's last row i sees keys j <= i + Sk - Sq.
+__device__ __forceinline__ std::int64_t visible_blocks(const Geometry& g, const Seq& seq, std::int64_t qb) {
+  const std::int64_t q0 = qb * g.blkq;
+  if (q0 >= seq.q_len) return 0;
+  const std::int64_t nk = (seq.k_len + g.blkk - 1) / g.blkk;
+  if (!g.causal) return nk;
+  const std::int64_t last_row = (q0 + g.blkq < seq.q_len ? q0 + g.blkq : seq.q_len) - 1;
+  const std::int64_t last_key = last_row + seq.k_len - seq.q_len;
+  if (last_key < 0) return 0;
+  const std::int64_t v = last_key / g.blkk + 1;
+  return v < nk ? v : nk;
+}
+
+#endif  // __CUDACC__
+
+}  // namespace sparge::cuda::block_map

@@ -1,0 +1,831 @@
+// The CUDA block map against the CPU backend (the specification), block for block.
+//
+// Every case draws fp16 / bf16 inputs, runs the CPU backend on exactly the stored values with the
+// diagnostic outputs (scores, q_sim, k_sim), and checks that the selection has no near-tie the two
+// precisions (fp64 on the CPU, fp32 on the GPU) could resolve differently: a sim within 1e-4 of
+// its threshold, two ranked scores at the selection boundary within 1e-4 of the row's largest
+// |score|, or a cumulative probability within 1e-4 of cdfthreshd. Such an input is redrawn with
+// another seed (the redraws are counted and printed); a case fails if 20 draws are not clean.
+// Only the boundary of the kept prefix matters for the selected set (a swap inside the kept or
+// the dropped part changes nothing), so that is where the gap is checked; long rows could never
+// avoid close pairs elsewhere. Cases with exact ties by construction (duplicated K blocks,
+// identical rows) allow exactly equal scores: both backends must break them toward the lower index.
+//
+// Outputs are poisoned device buffers with guard regions; lut and counts must equal the CPU's
+// exactly (padding included, when the output strides leave gaps), the diagnostics to rounding.
+//
+// Without a GPU every case skips. SPARGE_BLOCKMAP_CPU_ONLY=1 still runs the input generation, the
+// CPU backend and the near-tie screening (a check of this file on a machine without a GPU).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_harness.h"
+
+namespace sparge::test {
+namespace {
+
+enum class Layout { nhd, hnd, strided, unaligned };
+enum class Pattern { random, dup, same, ramp };
+
+const char* to_string(Layout l) {
+  switch (l) {
+    case Layout::nhd: return "nhd";
+    case Layout::hnd: return "hnd";
+    case Layout::strided: return "strided";
+    case Layout::unaligned: return "unaligned";
+  }
+  return "?";
+}
+
+struct Cfg {
+  int b = 1, hq = 1, hk = 1;
+  std::int64_t sq = 64, sk = 64;
+  int d = 64, blkq = 64, blkk = 64;
+  bool causal = false, use_topk = true, sink = false, smooth = true;
+  std::vector<float> sel;  // topk or cdfthreshd: 1 or hq values
+  std::vector<float> sim;  // simthreshd1: empty, 1 or hq values
+  DType dtype = DType::f16;
+  Layout layout = Layout::nhd;
+  Pattern pattern = Pattern::random;
+  std::vector<int> lens_q, lens_k;  // varlen when non-empty (then b is the number of sequences)
+  int slack_q = 0, slack_k = 0;     // max_seqlen beyond the longest sequence
+  float scale = 0.0f;
+  bool diag = true;         // ask the GPU for the diagnostic outputs too
+  bool outpad = false;      // lut / counts with gaps between rows
+  bool determinism = false;  // run the GPU twice, compare bitwise
+  bool own_stream = false;
+  bool varlen() const { return !lens_q.empty(); }
+};
+
+std::string join(const std::vector<float>& v) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? "/" : "") << v[i];
+  return os.str();
+}
+
+std::string case_name(const Cfg& c) {
+  Name n("BLOCKMAP_GPU");
+  n("b", c.b)("hq", c.hq)("hk", c.hk)("sq", c.sq)("sk", c.sk)("d", c.d)("blkq", c.blkq)("blkk", c.blkk);
+  n("causal", c.causal ? 1 : 0)(c.use_topk ? "topk" : "cdf", join(c.sel));
+  if (!c.sim.empty()) n("sim", join(c.sim));
+  if (c.sink) n("sink", 1);
+  if (!c.smooth) n("smooth", 0);
+  n("dtype", c.dtype == DType::f16 ? "f16" : "bf16")("layout", to_string(c.layout));
+  if (c.varlen()) {
+    std::ostringstream os;
+    for (size_t i = 0; i < c.lens_q.size(); ++i) os << (i ? "/" : "") << c.lens_q[i] << ":" << c.lens_k[i];
+    n("varlen", os.str());
+    if (c.slack_q || c.slack_k) n("slack", std::to_string(c.slack_q) + ":" + std::to_string(c.slack_k));
+  }
+  if (c.pattern == Pattern::dup) n("ties", "dup");
+  if (c.pattern == Pattern::same) n("ties", "same");
+  if (c.pattern == Pattern::ramp) n("data", "ramp");
+  if (c.scale != 0.0f) n("scale", c.scale);
+  if (!c.diag) n("diag", 0);
+  if (c.outpad) n("outpad", 1);
+  if (c.determinism) n("det", 1);
+  if (c.own_stream) n("stream", 1);
+  return n.str();
+}
+
+// ---- inputs -------------------------------------------------------------------------------------
+
+// 16-bit storage of a logical [B, S, H, D] tensor in the given layout; unused elements hold NaN.
+struct Storage {
+  std::vector<std::uint16_t> data;
+  std::int64_t offset = 0;
+  std::int64_t shape[4] = {0, 0, 0, 0};
+  std::int64_t stride[4] = {0, 0, 0, 0};
+  std::int64_t at(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const {
+    return offset + b * stride[0] + s * stride[1] + h * stride[2] + d * stride[3];
+  }
+};
+
+Storage make_storage(Layout l, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  Storage st;
+  const std::int64_t sh[4] = {B, S, H, D};
+  std::copy(sh, sh + 4, st.shape);
+  std::int64_t n = B * S * H * D;
+  switch (l) {
+    case Layout::nhd:
+    case Layout::unaligned: {
+      const std::int64_t s[4] = {S * H * D, H * D, D, 1};
+      std::copy(s, s + 4, st.stride);
+      if (l == Layout::unaligned) st.offset = 1;  // 2 bytes off every 16-byte boundary
+      break;
+    }
+    case Layout::hnd: {
+      const std::int64_t s[4] = {H * S * D, D, S * D, 1};
+      std::copy(s, s + 4, st.stride);
+      break;
+    }
+    case Layout::strided: {
+      const std::int64_t s[4] = {S * H * 2 * D, H * 2 * D, 2 * D, 2};
+      std::copy(s, s + 4, st.stride);
+      n *= 2;
+      break;
+    }
+  }
+  // At least a few elements, so that an empty tensor still has a data pointer.
+  st.data.assign(static_cast<size_t>(std::max<std::int64_t>(n + st.offset, 8)), 0x7e5a);
+  return st;
+}
+
+// Logical values [B][S][H][D]: per head an offset (so smoothing matters) plus segments of 8..200
+// rows around random centers with random spread, so block similarities and scores vary widely.
+std::vector<float> gen_values(std::mt19937_64& rng, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D,
+                              float offset_sd) {
+  std::vector<float> x(static_cast<size_t>(B * S * H * D));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  std::vector<float> mu(static_cast<size_t>(D)), c(static_cast<size_t>(D));
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      for (auto& m : mu) m = offset_sd * nd(rng);
+      std::int64_t row = 0;
+      while (row < S) {
+        const std::int64_t len = 8 + static_cast<std::int64_t>(rng() % 193);
+        const float a = 1.5f * ud(rng), sigma = 0.2f + 0.8f * ud(rng);
+        for (auto& v : c) v = a * nd(rng);
+        for (std::int64_t r = row; r < std::min(row + len, S); ++r) {
+          const bool zero = rng() % 100 == 0;  // a zero row adds nothing to the similarity sum
+          for (std::int64_t j = 0; j < D; ++j) {
+            x[static_cast<size_t>(((b * S + r) * H + h) * D + j)] =
+                zero ? 0.0f : mu[static_cast<size_t>(j)] + c[static_cast<size_t>(j)] + sigma * nd(rng);
+          }
+        }
+        row += len;
+      }
+    }
+  }
+  return x;
+}
+
+void store(const std::vector<float>& x, DType t, Storage& st) {
+  const std::int64_t B = st.shape[0], S = st.shape[1], H = st.shape[2], D = st.shape[3];
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t j = 0; j < D; ++j) {
+          const float v = x[static_cast<size_t>(((b * S + s) * H + h) * D + j)];
+          st.data[static_cast<size_t>(st.at(b, s, h, j))] = t == DType::f16 ? float_to_half(v) : float_to_bf16(v);
+        }
+}
+
+// Exact ties by construction in K (not varlen): `dup` copies random earlier full blocks over
+// about half of the full blocks; `same` makes every row of a head the same vector.
+void make_ties(std::vector<float>& x, Pattern p, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D,
+               int blkk, std::mt19937_64& rng) {
+  const auto at = [&](std::int64_t b, std::int64_t s, std::int64_t h) {
+    return x.begin() + ((b * S + s) * H + h) * D;
+  };
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      if (p == Pattern::same) {
+        for (std::int64_t s = 1; s < S; ++s) std::copy(at(b, 0, h), at(b, 0, h) + D, at(b, s, h));
+        continue;
+      }
+      const std::int64_t full = S / blkk;
+      for (std::int64_t kb = 1; kb < full; ++kb) {
+        if (rng() % 2) continue;
+        const std::int64_t src = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(kb));
+        for (std::int64_t r = 0; r < blkk; ++r) std::copy(at(b, src * blkk + r, h), at(b, src * blkk + r, h) + D, at(b, kb * blkk + r, h));
+      }
+    }
+  }
+}
+
+// `ramp`: K block kb of kv head h is about (kb + 1) * u_h and every Q row of its query heads about
+// u_h, so the scores of a row are about scale * (kb + 1 - mean) * |u_h|^2: far apart on every row
+// (random scores would always have near-ties somewhere among 100k rows).
+void make_ramp(std::vector<float>& q, std::vector<float>& k, std::int64_t B, std::int64_t SQ, std::int64_t SK,
+               std::int64_t HQ, std::int64_t HK, std::int64_t D, int blkk, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> u(static_cast<size_t>(D));
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t hk = 0; hk < HK; ++hk) {
+      for (auto& v : u) v = nd(rng);
+      for (std::int64_t s = 0; s < SK; ++s) {
+        const auto step = static_cast<float>(s / blkk + 1);
+        for (std::int64_t j = 0; j < D; ++j) {
+          k[static_cast<size_t>(((b * SK + s) * HK + hk) * D + j)] = step * u[static_cast<size_t>(j)] + 0.01f * nd(rng);
+        }
+      }
+      for (std::int64_t h = hk * (HQ / HK); h < (hk + 1) * (HQ / HK); ++h) {
+        for (std::int64_t s = 0; s < SQ; ++s) {
+          for (std::int64_t j = 0; j < D; ++j) {
+            q[static_cast<size_t>(((b * SQ + s) * HQ + h) * D + j)] = u[static_cast<size_t>(j)] + 0.01f * nd(rng);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- the problem as both backends see it --------------------------------------------------------
+
+struct Problem {
+  Cfg c;
+  std::int64_t nseq = 0, sq_eff = 0, sk_eff = 0, nq = 0, nk = 0;
+  std::int64_t rows_q = 0, rows_k = 0;  // dimension 1 of q / k
+  Storage q, k;
+  std::vector<std::int32_t> cu_q, cu_k;
+  std::int64_t lut_pitch = 0, counts_pitch = 1;
+  std::int64_t lut_size() const { return nseq * c.hq * nq * lut_pitch; }
+  std::int64_t counts_size() const { return nseq * c.hq * nq * counts_pitch; }
+  std::int64_t q_len(std::int64_t s) const { return c.varlen() ? c.lens_q[static_cast<size_t>(s)] : c.sq; }
+  std::int64_t k_len(std::int64_t s) const { return c.varlen() ? c.lens_k[static_cast<size_t>(s)] : c.sk; }
+  // docs/semantics.md: key blocks [0, NV) are visible; causal bottom-right aligned.
+  std::int64_t visible(std::int64_t s, std::int64_t qb) const {
+    const std::int64_t ql = q_len(s), kl = k_len(s), q0 = qb * c.blkq;
+    if (q0 >= ql) return 0;
+    const std::int64_t nkb = num_blocks(kl, c.blkk);
+    if (!c.causal) return nkb;
+    const std::int64_t last = std::min(q0 + c.blkq, ql) - 1 + kl - ql;
+    return last < 0 ? 0 : std::min(nkb, last / c.blkk + 1);
+  }
+};
+
+Problem make_problem(const Cfg& c, std::mt19937_64& rng) {
+  Problem p;
+  p.c = c;
+  if (c.varlen()) {
+    p.nseq = static_cast<std::int64_t>(c.lens_q.size());
+    p.cu_q.assign(1, 0);
+    p.cu_k.assign(1, 0);
+    for (size_t i = 0; i < c.lens_q.size(); ++i) {
+      p.cu_q.push_back(p.cu_q.back() + c.lens_q[i]);
+      p.cu_k.push_back(p.cu_k.back() + c.lens_k[i]);
+    }
+    p.sq_eff = *std::max_element(c.lens_q.begin(), c.lens_q.end()) + c.slack_q;
+    p.sk_eff = *std::max_element(c.lens_k.begin(), c.lens_k.end()) + c.slack_k;
+    p.rows_q = p.cu_q.back() + 5;  // a few rows past the last sequence, never read
+    p.rows_k = p.cu_k.back() + 3;
+    p.rows_q = std::max(p.rows_q, p.sq_eff);
+    p.rows_k = std::max(p.rows_k, p.sk_eff);
+  } else {
+    p.nseq = c.b;
+    p.sq_eff = p.rows_q = c.sq;
+    p.sk_eff = p.rows_k = c.sk;
+  }
+  p.nq = num_blocks(p.sq_eff, c.blkq);
+  p.nk = num_blocks(p.sk_eff, c.blkk);
+  p.lut_pitch = c.outpad ? p.nk + 3 : p.nk;
+  p.counts_pitch = c.outpad ? 2 : 1;
+  const std::int64_t B = c.varlen() ? 1 : c.b;
+  p.q = make_storage(c.layout, B, p.rows_q, c.hq, c.d);
+  p.k = make_storage(c.layout, B, p.rows_k, c.hk, c.d);
+  std::vector<float> qv = gen_values(rng, B, p.rows_q, c.hq, c.d, 0.3f);
+  std::vector<float> kv = gen_values(rng, B, p.rows_k, c.hk, c.d, 0.7f);
+  if (c.pattern == Pattern::dup || c.pattern == Pattern::same) make_ties(kv, c.pattern, B, p.rows_k, c.hk, c.d, c.blkk, rng);
+  if (c.pattern == Pattern::ramp) make_ramp(qv, kv, B, p.rows_q, p.rows_k, c.hq, c.hk, c.d, c.blkk, rng);
+  store(qv, c.dtype, p.q);
+  store(kv, c.dtype, p.k);
+  return p;
+}
+
+// Host or device buffers of one run's outputs, as tensors.
+struct OutputTensors {
+  Tensor lut, counts, scores, q_sim, k_sim;
+};
+
+OutputTensors output_tensors(const Problem& p, std::int32_t* lut, std::int32_t* counts, float* scores, float* q_sim,
+                             float* k_sim) {
+  const Cfg& c = p.c;
+  const std::int64_t H = c.hq, NQ = p.nq, NK = p.nk, P = p.lut_pitch, CP = p.counts_pitch;
+  OutputTensors o;
+  o.lut = make_tensor(lut, DType::i32, {p.nseq, H, NQ, NK}, {H * NQ * P, NQ * P, P, 1});
+  o.counts = make_tensor(counts, DType::i32, {p.nseq, H, NQ}, {H * NQ * CP, NQ * CP, CP});
+  if (scores) o.scores = make_tensor(scores, DType::f32, {p.nseq, H, NQ, NK});
+  if (q_sim) o.q_sim = make_tensor(q_sim, DType::f32, {p.nseq, H, NQ});
+  if (k_sim) o.k_sim = make_tensor(k_sim, DType::f32, {p.nseq, static_cast<std::int64_t>(c.hk), NK});
+  return o;
+}
+
+BlockMapParams params(const Problem& p, const void* q, const void* k, const std::int32_t* cu_q,
+                      const std::int32_t* cu_k, const OutputTensors& o) {
+  const Cfg& c = p.c;
+  BlockMapParams bp;
+  const std::int64_t B = c.varlen() ? 1 : c.b;
+  bp.q = make_tensor(const_cast<void*>(q), c.dtype, {B, p.rows_q, c.hq, c.d},
+                     {p.q.stride[0], p.q.stride[1], p.q.stride[2], p.q.stride[3]});
+  bp.k = make_tensor(const_cast<void*>(k), c.dtype, {B, p.rows_k, c.hk, c.d},
+                     {p.k.stride[0], p.k.stride[1], p.k.stride[2], p.k.stride[3]});
+  if (c.varlen()) {
+    bp.varlen.cu_seqlens_q = cu_q;
+    bp.varlen.cu_seqlens_k = cu_k;
+    bp.varlen.num_seqs = static_cast<int>(p.nseq);
+    bp.varlen.max_seqlen_q = static_cast<int>(p.sq_eff);
+    bp.varlen.max_seqlen_k = static_cast<int>(p.sk_eff);
+  }
+  bp.blkq = c.blkq;
+  bp.blkk = c.blkk;
+  bp.scale = c.scale;
+  (c.use_topk ? bp.topk : bp.cdfthreshd) = PerHead(c.sel);
+  bp.simthreshd1 = PerHead(c.sim);
+  bp.is_causal = c.causal;
+  bp.attention_sink = c.sink;
+  bp.smooth_k = c.smooth;
+  bp.lut = o.lut;
+  bp.counts = o.counts;
+  bp.maybe_scores = o.scores;
+  bp.maybe_q_sim = o.q_sim;
+  bp.maybe_k_sim = o.k_sim;
+  return bp;
+}
+
+struct CpuResult {
+  Guarded<std::int32_t> lut, counts;
+  Guarded<float> scores, q_sim, k_sim;
+};
+
+Status run_cpu(const Problem& p, CpuResult& r) {
+  const Cfg& c = p.c;
+  r.lut.resize(static_cast<size_t>(p.lut_size()));
+  r.counts.resize(static_cast<size_t>(p.counts_size()));
+  r.scores.resize(static_cast<size_t>(p.nseq * c.hq * p.nq * p.nk));
+  r.q_sim.resize(static_cast<size_t>(p.nseq * c.hq * p.nq));
+  r.k_sim.resize(static_cast<size_t>(p.nseq * c.hk * p.nk));
+  for (auto* g : {&r.lut, &r.counts}) g->poison();
+  for (auto* g : {&r.scores, &r.q_sim, &r.k_sim}) g->poison();
+  const OutputTensors o = output_tensors(p, r.lut.data(), r.counts.data(), r.scores.data(), r.q_sim.data(), r.k_sim.data());
+  BlockMapParams bp = params(p, p.q.data.data() + p.q.offset, p.k.data.data() + p.k.offset, p.cu_q.data(),
+                             p.cu_k.data(), o);
+  bp.exec.backend = Backend::cpu;
+  return build_block_map(bp);
+}
+
+float per_head(const std::vector<float>& v, std::int64_t h) { return v.size() == 1 ? v[0] : v[static_cast<size_t>(h)]; }
+
+// Empty when the CPU's selection has no near-tie (see the top of the file), else why not.
+std::string near_tie(const Problem& p, const CpuResult& r) {
+  const Cfg& c = p.c;
+  const double kTol = 1e-4;
+  const bool exact_ties_ok = c.pattern == Pattern::dup || c.pattern == Pattern::same;
+  const std::int64_t group = c.hq / c.hk;
+  std::vector<std::pair<float, std::int64_t>> ranked;
+  for (std::int64_t s = 0; s < p.nseq; ++s) {
+    for (std::int64_t h = 0; h < c.hq; ++h) {
+      const bool has_thr = !c.sim.empty();
+      const double thr = has_thr ? per_head(c.sim, h) : 0.0;
+      if (has_thr) {
+        const std::int64_t nkb = num_blocks(p.k_len(s), c.blkk);
+        for (std::int64_t kb = 0; kb < nkb; ++kb) {
+          const double v = r.k_sim[static_cast<size_t>((s * c.hk + h / group) * p.nk + kb)];
+          if (std::abs(v - thr) <= kTol) return "k_sim " + std::to_string(v) + " near its threshold";
+        }
+      }
+      for (std::int64_t qb = 0; qb < p.nq; ++qb) {
+        const std::int64_t nv = p.visible(s, qb);
+        if (nv == 0) continue;
+        const std::int64_t row = (s * c.hq + h) * p.nq + qb;
+        if (has_thr) {
+          const double qs = r.q_sim[static_cast<size_t>(row)];
+          if (std::abs(qs - thr) <= kTol) return "q_sim " + std::to_string(qs) + " near its threshold";
+          if (!(qs > thr)) continue;  // forced row: no ranking
+        }
+        ranked.clear();
+        double big = 0.0;
+        for (std::int64_t kb = 0; kb < nv; ++kb) {
+          const float v = r.scores[static_cast<size_t>(row * p.nk + kb)];
+          if (std::isfinite(v)) {
+            ranked.push_back({v, kb});
+            big = std::max(big, std::abs(static_cast<double>(v)));
+          }
+        }
+        const auto R = static_cast<std::int64_t>(ranked.size());
+        if (R == 0) continue;
+        std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+          return a.first > b.first || (a.first == b.first && a.second < b.second);
+        });
+        const double gap_tol = kTol * big;
+        const auto close = [&](std::int64_t i) {  // ranks i-1 and i
+          const double gap = static_cast<double>(ranked[static_cast<size_t>(i - 1)].first) - ranked[static_cast<size_t>(i)].first;
+          if (gap == 0.0) return !exact_ties_ok;
+          return gap <= gap_tol;
+        };
+        const double sel = per_head(c.sel, h);
+        if (c.use_topk) {
+          const auto want = static_cast<std::int64_t>(std::floor(static_cast<double>(static_cast<float>(sel)) * nv));
+          const std::int64_t n = std::min(R, std::max<std::int64_t>(1, want));
+          if (n < R && close(n)) return "scores at the top-k boundary of row " + std::to_string(row) + " are close";
+        } else {
+          const double m = ranked[0].first;
+          double z = 0.0;
+          for (const auto& e : ranked) z += std::exp(static_cast<double>(e.first) - m);
+          double cum = 0.0;
+          std::int64_t n = R;
+          for (std::int64_t i = 0; i < R; ++i) {
+            cum += std::exp(static_cast<double>(ranked[static_cast<size_t>(i)].first) - m) / z;
+            if (std::abs(cum - sel) <= kTol) return "a cumulative sum of row " + std::to_string(row) + " is near cdfthreshd";
+            if (cum >= sel && n == R) n = i + 1;
+          }
+          if (n < R && close(n)) return "scores at the cdf boundary of row " + std::to_string(row) + " are close";
+        }
+      }
+    }
+  }
+  return {};
+}
+
+// ---- the GPU run ----------------------------------------------------------------------------------
+
+struct GpuResult {
+  std::vector<std::int32_t> lut, counts;
+  std::vector<float> scores, q_sim, k_sim;
+};
+
+void run_gpu(const Problem& p, GpuResult& out) {
+  const Cfg& c = p.c;
+  DeviceGuarded<std::uint16_t> q(p.q.data.size()), k(p.k.data.size());
+  q.upload(p.q.data);
+  k.upload(p.k.data);
+  DeviceGuarded<std::int32_t> cu_q(p.cu_q.size()), cu_k(p.cu_k.size());
+  if (c.varlen()) {
+    cu_q.upload(p.cu_q);
+    cu_k.upload(p.cu_k);
+  }
+  DeviceGuarded<std::int32_t> lut(static_cast<size_t>(p.lut_size())), counts(static_cast<size_t>(p.counts_size()));
+  DeviceGuarded<float> scores(c.diag ? static_cast<size_t>(p.nseq * c.hq * p.nq * p.nk) : 0);
+  DeviceGuarded<float> q_sim(c.diag ? static_cast<size_t>(p.nseq * c.hq * p.nq) : 0);
+  DeviceGuarded<float> k_sim(c.diag ? static_cast<size_t>(p.nseq * c.hk * p.nk) : 0);
+  lut.poison();
+  counts.poison();
+  scores.poison();
+  q_sim.poison();
+  k_sim.poison();
+  const OutputTensors o = output_tensors(p, lut.data(), counts.data(), c.diag ? scores.data() : nullptr,
+                                         c.diag ? q_sim.data() : nullptr, c.diag ? k_sim.data() : nullptr);
+  BlockMapParams bp = params(p, q.data() + p.q.offset, k.data() + p.k.offset, cu_q.data(), cu_k.data(), o);
+  bp.exec.backend = Backend::cuda;
+  cudaStream_t stream = nullptr;
+  if (c.own_stream) SPARGE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  bp.exec.stream = stream;
+  const Status st = build_block_map(bp);
+  ASSERT_TRUE(st.ok()) << st.message();
+  SPARGE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SPARGE_CUDA_CHECK(cudaGetLastError());
+  if (stream) SPARGE_CUDA_CHECK(cudaStreamDestroy(stream));
+  EXPECT_TRUE(lut.guards_intact()) << "lut guard region overwritten";
+  EXPECT_TRUE(counts.guards_intact()) << "counts guard region overwritten";
+  EXPECT_TRUE(scores.guards_intact() && q_sim.guards_intact() && k_sim.guards_intact())
+      << "diagnostic output guard region overwritten";
+  out.lut = lut.download();
+  out.counts = counts.download();
+  out.scores = scores.download();
+  out.q_sim = q_sim.download();
+  out.k_sim = k_sim.download();
+}
+
+std::string row_text(const std::int32_t* v, std::int64_t n, std::int64_t stride) {
+  std::ostringstream os;
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(n, 24); ++i) os << (i ? "," : "") << v[i * stride];
+  if (n > 24) os << ",...";
+  return os.str();
+}
+
+void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
+  const Cfg& c = p.c;
+  // lut / counts: exactly, padding included (both sides keep the poison there).
+  int reported = 0;
+  for (std::int64_t s = 0; s < p.nseq; ++s) {
+    for (std::int64_t h = 0; h < c.hq; ++h) {
+      for (std::int64_t qb = 0; qb < p.nq; ++qb) {
+        const std::int64_t row = (s * c.hq + h) * p.nq + qb;
+        const std::int64_t ci = row * p.counts_pitch;
+        const std::int32_t* cl = cpu.lut.data() + row * p.lut_pitch;
+        const std::int32_t* gl = gpu.lut.data() + row * p.lut_pitch;
+        const bool same = cpu.counts[static_cast<size_t>(ci)] == gpu.counts[static_cast<size_t>(ci)] &&
+                          std::equal(cl, cl + p.lut_pitch, gl);
+        if (!same && reported++ < 3) {
+          std::ostringstream os;
+          os << "row (seq " << s << ", head " << h << ", qblock " << qb << ") nv=" << p.visible(s, qb)
+             << "\n  cpu count " << cpu.counts[static_cast<size_t>(ci)] << " lut " << row_text(cl, p.lut_pitch, 1)
+             << "\n  gpu count " << gpu.counts[static_cast<size_t>(ci)] << " lut " << row_text(gl, p.lut_pitch, 1);
+          if (!c.sim.empty()) os << "\n  cpu q_sim " << cpu.q_sim[static_cast<size_t>(row)];
+          ADD_FAILURE() << os.str();
+        }
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < p.counts_size(); ++i) {
+    if (i % p.counts_pitch != 0 && cpu.counts[static_cast<size_t>(i)] != gpu.counts[static_cast<size_t>(i)]) {
+      ADD_FAILURE() << "counts padding element " << i << " was written";
+      break;
+    }
+  }
+  EXPECT_EQ(reported, 0) << reported << " lut/counts rows differ";
+  if (!c.diag) return;
+
+  // Diagnostics: to rounding (fp32 against fp64); -inf exactly where the CPU has it.
+  const auto close = [](float g, float r, double tol) {
+    if (!std::isfinite(r) || !std::isfinite(g)) return g == r;
+    return std::abs(static_cast<double>(g) - r) <= tol;
+  };
+  for (size_t i = 0; i < cpu.q_sim.size(); ++i) {
+    if (!close(gpu.q_sim[i], cpu.q_sim[i], 1e-5 + 1e-5 * std::abs(cpu.q_sim[i]))) {
+      ADD_FAILURE() << "q_sim[" << i << "] gpu " << gpu.q_sim[i] << " cpu " << cpu.q_sim[i];
+      break;
+    }
+  }
+  for (size_t i = 0; i < cpu.k_sim.size(); ++i) {
+    if (!close(gpu.k_sim[i], cpu.k_sim[i], 1e-5 + 1e-5 * std::abs(cpu.k_sim[i]))) {
+      ADD_FAILURE() << "k_sim[" << i << "] gpu " << gpu.k_sim[i] << " cpu " << cpu.k_sim[i];
+      break;
+    }
+  }
+  for (std::int64_t row = 0; row < p.nseq * c.hq * p.nq; ++row) {
+    double big = 0.0;
+    for (std::int64_t kb = 0; kb < p.nk; ++kb) {
+      const float v = cpu.scores[static_cast<size_t>(row * p.nk + kb)];
+      if (std::isfinite(v)) big = std::max(big, std::abs(static_cast<double>(v)));
+    }
+    for (std::int64_t kb = 0; kb < p.nk; ++kb) {
+      const size_t i = static_cast<size_t>(row * p.nk + kb);
+      if (!close(gpu.scores[i], cpu.scores[i], 1e-6 + 5e-5 * big)) {
+        ADD_FAILURE() << "scores[row " << row << ", kb " << kb << "] gpu " << gpu.scores[i] << " cpu " << cpu.scores[i];
+        return;
+      }
+    }
+  }
+}
+
+void run_case(const Cfg& c, const std::string& name) {
+  const bool gpu = have_gpu();
+  const char* cpu_only = std::getenv("SPARGE_BLOCKMAP_CPU_ONLY");
+  if (!gpu && !(cpu_only && *cpu_only == '1')) GTEST_SKIP() << "no GPU";
+
+  constexpr int kTries = 20;
+  Problem p;
+  CpuResult cpu;
+  std::string why;
+  int redraws = 0;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    std::mt19937_64 rng = rng_for(name + "#" + std::to_string(attempt));
+    p = make_problem(c, rng);
+    const Status st = run_cpu(p, cpu);
+    ASSERT_TRUE(st.ok()) << "cpu backend: " << st.message();
+    why = near_tie(p, cpu);
+    if (why.empty()) break;
+    ++redraws;
+  }
+  ASSERT_TRUE(why.empty()) << "no input without near-ties in " << kTries << " draws (last: " << why << ")";
+  if (redraws > 0) std::printf("[ near-tie ] %s: %d input(s) redrawn\n", name.c_str(), redraws);
+  if (!gpu) GTEST_SKIP() << "no GPU (the CPU side ran: generation, CPU backend, near-tie screening)";
+
+  GpuResult first;
+  run_gpu(p, first);
+  if (testing::Test::HasFatalFailure()) return;
+  compare(p, cpu, first);
+  if (c.determinism) {
+    for (int rep = 0; rep < 3; ++rep) {
+      GpuResult again;
+      run_gpu(p, again);
+      if (testing::Test::HasFatalFailure()) return;
+      EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ between runs";
+      const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
+                  bits_equal(again.k_sim, first.k_sim))
+          << "diagnostic outputs differ bitwise between runs";
+    }
+  }
+}
+
+// ---- the cases ------------------------------------------------------------------------------------
+
+void add(std::vector<Case>& cases, const Cfg& c) {
+  const std::string name = case_name(c);
+  cases.push_back({name, [c, name] { run_case(c, name); }});
+}
+
+std::vector<float> per_head_values(std::mt19937_64& rng, int hq, const std::vector<float>& pool) {
+  std::vector<float> v(static_cast<size_t>(hq));
+  for (auto& x : v) x = pool[rng() % pool.size()];
+  return v;
+}
+
+// A fixed-seed sweep (names are stable run to run; the data comes from rng_for(name)).
+void add_sweep(std::vector<Case>& cases, int count) {
+  std::mt19937_64 rng(0x5eed0b10c4a9ULL);
+  const std::vector<float> topks = {0.05f, 0.1f, 0.25f, 0.4f, 0.5f, 0.75f, 1.0f};
+  const std::vector<float> cdfs = {0.3f, 0.5f, 0.8f, 0.9f, 0.95f};
+  const std::vector<float> sims = {0.05f, 0.1f, 0.2f, 0.3f, 0.5f, -0.1f};
+  const std::vector<std::int64_t> lens = {1, 17, 63, 64, 65, 113, 128, 129, 203, 257, 500, 799, 1024, 1500};
+  const int dims[] = {64, 128, 64, 128, 64, 128, 8, 16, 72, 96, 256};
+  const auto pick = [&](auto& v) { return v[rng() % v.size()]; };
+  for (int i = 0; i < count; ++i) {
+    Cfg c;
+    c.dtype = i % 2 ? DType::bf16 : DType::f16;
+    c.layout = (i / 2) % 2 ? Layout::hnd : Layout::nhd;
+    if (rng() % 10 == 0) c.layout = rng() % 2 ? Layout::strided : Layout::unaligned;
+    c.blkq = (i / 4) % 2 ? 128 : 64;
+    c.blkk = (i / 8) % 2 ? 128 : 64;
+    c.causal = (i / 16) % 2 == 1;
+    c.use_topk = rng() % 5 < 3;
+    c.hk = 1 + static_cast<int>(rng() % 2);
+    c.hq = c.hk * (1 << (rng() % 3));
+    c.b = 1 + static_cast<int>(rng() % 3);
+    c.d = dims[rng() % (sizeof(dims) / sizeof(dims[0]))];
+    c.sq = pick(lens);
+    c.sk = pick(lens);
+    const bool per_head = rng() % 10 < 3;
+    const auto& pool = c.use_topk ? topks : cdfs;
+    c.sel = per_head ? per_head_values(rng, c.hq, pool) : std::vector<float>{pick(pool)};
+    const int sim_mode = static_cast<int>(rng() % 10);  // 0-4 none, 5-7 one value, 8-9 per head
+    if (sim_mode >= 8) {
+      c.sim = per_head_values(rng, c.hq, sims);
+    } else if (sim_mode >= 5) {
+      c.sim = {pick(sims)};
+    }
+    c.sink = rng() % 10 < 3;
+    c.smooth = rng() % 10 < 8;
+    if (rng() % 10 < 2) c.scale = rng() % 2 ? 0.5f : 2.0f;
+    if (rng() % 5 == 0) {  // varlen
+      const int n = 1 + static_cast<int>(rng() % 4);
+      c.b = n;
+      for (int s = 0; s < n; ++s) {
+        c.lens_q.push_back(static_cast<int>(rng() % 700));
+        c.lens_k.push_back(static_cast<int>(rng() % 700));
+      }
+      if (rng() % 3 == 0) {
+        c.slack_q = static_cast<int>(rng() % 100);
+        c.slack_k = static_cast<int>(rng() % 150);
+      }
+      c.sq = c.sk = 0;
+    }
+    c.diag = rng() % 10 < 8;
+    c.outpad = rng() % 8 == 0;
+    c.own_stream = rng() % 6 == 0;
+    add(cases, c);
+  }
+}
+
+SPARGE_CASES(BlockMapGpu) {
+  add_sweep(cases, 224);
+
+  // Every block-size pair, layout and dtype with the reference shape of the issue.
+  for (int blkq : {64, 128}) {
+    for (int blkk : {64, 128}) {
+      for (Layout l : {Layout::nhd, Layout::hnd}) {
+        Cfg c;
+        c.b = 2, c.hq = 8, c.hk = 2, c.sq = 799, c.sk = 203, c.d = 128, c.blkq = blkq, c.blkk = blkk;
+        c.causal = true, c.sel = {0.4f}, c.dtype = l == Layout::hnd ? DType::bf16 : DType::f16, c.layout = l;
+        add(cases, c);
+      }
+    }
+  }
+  // Causal with Sq > Sk (early query blocks see nothing) and Sq < Sk; cdf with sims and sink.
+  for (std::int64_t sq : {1000, 130}) {
+    Cfg c;
+    c.b = 2, c.hq = 4, c.hk = 4, c.sq = sq, c.sk = 1130 - sq, c.d = 64, c.causal = true, c.use_topk = false;
+    c.sel = {0.9f}, c.sim = {0.2f}, c.sink = true;
+    add(cases, c);
+  }
+  // Per-head everything.
+  for (bool topk : {true, false}) {
+    Cfg c;
+    c.b = 2, c.hq = 8, c.hk = 2, c.sq = 900, c.sk = 1100, c.d = 128, c.causal = !topk, c.use_topk = topk;
+    c.sel = topk ? std::vector<float>{0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.8f, 1.0f}
+                 : std::vector<float>{0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f, 0.95f};
+    c.sim = {-0.1f, 0.05f, 0.1f, 0.15f, 0.2f, 0.3f, 0.4f, 0.6f};
+    c.dtype = DType::bf16;
+    add(cases, c);
+  }
+  // Forced rows and columns everywhere: a threshold above every similarity of random data.
+  for (bool topk : {true, false}) {
+    Cfg c;
+    c.b = 1, c.hq = 2, c.hk = 1, c.sq = 700, c.sk = 900, c.d = 64, c.causal = topk, c.use_topk = topk;
+    c.sel = {topk ? 0.3f : 0.6f}, c.sim = {0.97f}, c.sink = true;
+    add(cases, c);
+  }
+  // Exact ties: duplicated K blocks and identical rows; both must break toward the lower index.
+  for (Pattern pat : {Pattern::dup, Pattern::same}) {
+    for (bool topk : {true, false}) {
+      for (bool smooth : {true, false}) {
+        Cfg c;
+        c.b = 2, c.hq = 4, c.hk = 2, c.sq = 640, c.sk = pat == Pattern::dup ? 1280 : 1000, c.d = 64;
+        c.blkk = smooth ? 64 : 128, c.causal = !smooth, c.use_topk = topk, c.smooth = smooth;
+        c.sel = {topk ? 0.3f : 0.7f}, c.pattern = pat, c.dtype = smooth ? DType::f16 : DType::bf16;
+        add(cases, c);
+      }
+    }
+  }
+  // Varlen with empty sequences and max_seqlen slack, GQA, both layouts.
+  {
+    Cfg c;
+    c.hq = 6, c.hk = 2, c.d = 128, c.causal = true, c.sel = {0.5f}, c.sim = {0.1f}, c.sink = true;
+    c.lens_q = {300, 0, 129, 640}, c.lens_k = {500, 64, 0, 640}, c.slack_q = 70, c.slack_k = 10;
+    c.b = 4;
+    add(cases, c);
+    c.layout = Layout::hnd, c.use_topk = false, c.sel = {0.8f}, c.dtype = DType::bf16, c.blkq = 128;
+    add(cases, c);
+  }
+  // Strides the vector path cannot take (scalar loads), and padded outputs.
+  for (Layout l : {Layout::strided, Layout::unaligned}) {
+    Cfg c;
+    c.b = 2, c.hq = 4, c.hk = 2, c.sq = 333, c.sk = 555, c.d = 96, c.causal = true, c.sel = {0.25f};
+    c.sim = {0.1f}, c.layout = l, c.outpad = true;
+    add(cases, c);
+  }
+  // Long rows: 1024 and 4096 key blocks (selection tiers 256x4 and 512x8) and 9375 (1024x16).
+  // Few query blocks and a small top-k (boundary in the sparse tail of the scores), so that a
+  // clean draw is likely although a row has thousands of scores.
+  for (std::int64_t sk : {65536, 262144}) {
+    for (bool topk : {true, false}) {
+      Cfg c;
+      c.b = 1, c.hq = 1, c.hk = 1, c.sq = sk == 65536 ? 256 : 64, c.sk = sk, c.d = 64, c.use_topk = topk;
+      c.sel = {topk ? (sk == 65536 ? 0.1f : 0.02f) : 0.5f}, c.scale = topk ? 0.0f : 1.0f, c.causal = topk;
+      add(cases, c);
+    }
+  }
+  {
+    Cfg c;
+    c.b = 1, c.hq = 1, c.hk = 1, c.sq = 64, c.sk = 600000, c.d = 8, c.sel = {0.01f}, c.diag = false;
+    add(cases, c);
+  }
+  // batch * heads > 65535 (1-D grids), and more heads than the kernel parameters carry inline.
+  {
+    Cfg c;
+    c.b = 1100, c.hq = 64, c.hk = 8, c.sq = 65, c.sk = 130, c.d = 8, c.sel = {0.5f}, c.diag = false;
+    c.pattern = Pattern::ramp;
+    add(cases, c);
+    // sim = -0.1 runs the threshold path; a sim never comes near it (sims are >= 0).
+    c.causal = true, c.sel = {0.34f}, c.sim = {-0.1f}, c.sink = true, c.diag = true;
+    add(cases, c);
+  }
+  {
+    Cfg c;
+    c.b = 2, c.hq = 160, c.hk = 32, c.sq = 200, c.sk = 300, c.d = 16;
+    std::mt19937_64 rng(7);
+    c.sel = per_head_values(rng, c.hq, {0.1f, 0.3f, 0.5f, 0.9f});
+    c.sim = per_head_values(rng, c.hq, {0.05f, 0.2f, 0.4f});
+    add(cases, c);
+  }
+  // Empty sequences (Sq = 0, Sk = 0) and a single row.
+  for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{0, 100}, {100, 0}, {1, 1}}) {
+    Cfg c;
+    c.b = 2, c.hq = 2, c.hk = 1, c.sq = sq, c.sk = sk, c.d = 64, c.causal = true, c.sel = {0.5f}, c.sim = {0.1f};
+    c.sink = true;
+    add(cases, c);
+  }
+  // Determinism: the same inputs give bitwise the same outputs (run four times).
+  {
+    Cfg c;
+    c.b = 2, c.hq = 8, c.hk = 2, c.sq = 1000, c.sk = 1000, c.d = 128, c.causal = true, c.use_topk = false;
+    c.sel = {0.9f}, c.sim = {0.1f}, c.determinism = true, c.own_stream = true;
+    add(cases, c);
+  }
+}
+
+// ---- what the CUDA backend refuses, with messages naming the parameter ------------------------------
+
+SPARGE_CASES(BlockMapGpuSupport) {
+  static std::uint16_t dummy[64];
+  static std::int32_t dummy_i[64];
+  const auto base = [](std::int64_t d, std::int64_t sk) {
+    BlockMapParams p;
+    p.q = make_tensor(dummy, DType::f16, {1, 64, 1, d}, {0, 0, 0, 1});
+    p.k = make_tensor(dummy, DType::f16, {1, sk, 1, d}, {0, 0, 0, 1});
+    static const float topk = 0.5f;
+    p.topk = PerHead(&topk, 1);
+    const std::int64_t nk = num_blocks(sk, 64);
+    p.lut = make_tensor(dummy_i, DType::i32, {1, 1, 1, nk}, {nk, nk, nk, 1});
+    p.counts = make_tensor(dummy_i, DType::i32, {1, 1, 1});
+    p.exec.backend = Backend::cuda;
+    return p;
+  };
+  cases.push_back({"BLOCKMAP_GPU_SUPPORT(d=12)", [=] {
+                     const Status st = supported(base(12, 64));
+                     EXPECT_EQ(st.code(), StatusCode::unsupported) << st.message();
+                     EXPECT_NE(st.message().find("q.shape[3] (head dim) = 12"), std::string::npos) << st.message();
+                   }});
+  cases.push_back({"BLOCKMAP_GPU_SUPPORT(d=264)", [=] {
+                     const Status st = build_block_map(base(264, 64));
+                     EXPECT_EQ(st.code(), StatusCode::unsupported) << st.message();
+                     EXPECT_NE(st.message().find("264"), std::string::npos) << st.message();
+                   }});
+  cases.push_back({"BLOCKMAP_GPU_SUPPORT(nk=16385)", [=] {
+                     const Status st = supported(base(64, 16385 * 64));
+                     EXPECT_EQ(st.code(), StatusCode::unsupported) << st.message();
+                     EXPECT_NE(st.message().find("NK = 16385"), std::string::npos) << st.message();
+                   }});
+  cases.push_back({"BLOCKMAP_GPU_SUPPORT(nk=16384)", [=] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const Status st = supported(base(64, 16384 * 64));
+                     EXPECT_TRUE(st.ok()) << st.message();
+                   }});
+}
+
+}  // namespace
+}  // namespace sparge::test
