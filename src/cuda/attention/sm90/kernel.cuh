@@ -138,73 +138,107 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
   }
 }
 
-template <class Tr>
-__device__ __forceinline__ void consumer(const KernelParams& p, const Smem<Tr>& sm, const Tile& t, BlockIter it,
-                                         int cw, int tid_in_wg) {
-  using T = typename Tr::T;
-  const int warp = tid_in_wg / 32;
-  const int lane = tid_in_wg % 32;
-  const int wg_row0 = t.q0 + cw * 64;  // first query row of this warpgroup
+// Named barrier ids: 0 is __syncthreads, 1 the pv_threshold vote, 2 + w warpgroup w's pingpong turn.
+constexpr int kVoteBarrier = 1;
+constexpr int kTurnBarrier = 2;
 
+// One consumer warpgroup's state and steps. Per visited block i the loop issues, in one "turn"
+// (pingpong with the other consumer warpgroup: its softmax runs while this one's GEMMs run),
+//   S_i = Q K_i^T        and        O += P_{i-1} V_{i-1}
+// then waits for S_i only, runs softmax_i while PV_{i-1} is still on the tensor cores, waits for
+// PV_{i-1}, rescales O by alpha_i and packs P_i. A last turn issues PV of the last block.
+template <class Tr>
+struct Consumer {
+  using T = typename Tr::T;
+  const KernelParams& p;
+  const Smem<Tr>& sm;
+  const Tile& t;
+  int cw, warp, lane;
   int row_in_seq[2], key_limit[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_in_seq[r] = wg_row0 + warp * 16 + (lane >> 2) + 8 * r;
-    const long long causal_bound = static_cast<long long>(row_in_seq[r]) + t.sk - t.sq;
-    key_limit[r] = p.is_causal && causal_bound < t.sk - 1 ? static_cast<int>(causal_bound < -1 ? -1 : causal_bound)
-                                                          : t.sk - 1;
-  }
-  const bool row_real[2] = {row_in_seq[0] < t.sq, row_in_seq[1] < t.sq};
-  const float pv_thr = p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[t.h] : p.pv_threshold;
-  const long long first_row_bound = static_cast<long long>(wg_row0) + t.sk - t.sq;
-  const std::uint32_t q_tile = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
+  bool row_real[2];
+  float pv_thr;
+  long long first_row_bound;
+  std::uint32_t q_tile;
 
   float o[Tr::kDTiles][4];
-#pragma unroll
-  for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float s[Tr::kKTiles][4];
+  std::uint32_t pa[Tr::kKSteps][4];  // P of the previous block, the A operand of its PV
   OnlineSoftmax<Tr::kKTiles> softmax;
-  softmax.init();
 
-  barrier_wait(sm.q_full(), 0);
-  int use = 0;
-  for (int kb = it.next(); kb >= 0; kb = it.next(), ++use) {
-    const int st = use % Tr::kStages;
-    const std::uint32_t parity = (use / Tr::kStages) & 1;
-    const int k0 = kb * Tr::kBlockK;
+  __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, const Tile& t_, int cw_, int tid)
+      : p(p_), sm(sm_), t(t_), cw(cw_), warp(tid / 32), lane(tid % 32) {
+    const int wg_row0 = t.q0 + cw * 64;  // first query row of this warpgroup
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_in_seq[r] = wg_row0 + warp * 16 + (lane >> 2) + 8 * r;
+      const long long causal_bound = static_cast<long long>(row_in_seq[r]) + t.sk - t.sq;
+      key_limit[r] = p.is_causal && causal_bound < t.sk - 1 ? static_cast<int>(causal_bound < -1 ? -1 : causal_bound)
+                                                            : t.sk - 1;
+      row_real[r] = row_in_seq[r] < t.sq;
+    }
+    pv_thr = p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[t.h] : p.pv_threshold;
+    first_row_bound = static_cast<long long>(wg_row0) + t.sk - t.sq;
+    q_tile = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
+#pragma unroll
+    for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    softmax.init();
+  }
 
-    // ---- S = Q K^T
-    float s[Tr::kKTiles][4];
-    barrier_wait(sm.k_full(st), parity);
-    wgmma_fence();
-    fence_accumulator(s);
+  static constexpr bool kPingpong = Tr::kConsumers == 2;
+  __device__ __forceinline__ void turn_begin() const {
+    if (kPingpong) named_barrier_sync(kTurnBarrier + cw, 256);
+  }
+  __device__ __forceinline__ void turn_end() const {
+    if (kPingpong) named_barrier_arrive(kTurnBarrier + (cw ^ 1), 256);
+  }
+  __device__ __forceinline__ void release(std::uint64_t* bar) const {
+    __syncwarp();
+    if (lane == 0) barrier_arrive(bar);
+  }
+
+  __device__ __forceinline__ void issue_qk(int st) {
 #pragma unroll
     for (int ks = 0; ks < Tr::kDSteps; ++ks) {
-      Wgmma<T, Tr::kBlockK>::ss(s, k_major_desc(q_tile, Tr::kQSlab, ks), k_major_desc(sm.k(st), Tr::kKVSlab, ks),
-                                ks > 0);
+      Wgmma<T, Tr::kBlockK>::ss(s, k_major_desc(q_tile, Tr::kQSlab, ks), k_major_desc(sm.k(st), Tr::kKVSlab, ks), ks > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulator(s);
-    __syncwarp();
-    if (lane == 0) barrier_arrive(sm.k_empty(st));
+  }
+  // PV of a block the query block voted to skip issues nothing, but still commits its (empty)
+  // group, so the wait counts are the same on both paths: ptxas serializes every wgmma of the
+  // kernel (C7514) when the waits differ between the paths.
+  __device__ __forceinline__ void issue_pv(int st, bool skip) {
+    if (!skip) {
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], mn_major_desc(sm.v(st), Tr::kKVSlab, kk));
+      }
+    }
+    wgmma_commit();
+  }
+  __device__ __forceinline__ void fence_p() {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKSteps; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(pa[kk][e])::"memory");
+  }
 
-    // ---- softmax (log2 units), masking only on tiles that cross sk or the causal diagonal
+  // Mask and online softmax of S_i (block starting at key k0); returns the query block's
+  // pv_threshold decision. alpha receives the factors O must be rescaled by.
+  __device__ __forceinline__ bool softmax_step(int k0, float (&alpha)[2]) {
     const bool need_mask = k0 + Tr::kBlockK > t.sk || (p.is_causal && k0 + Tr::kBlockK - 1 > first_row_bound);
     scale_and_mask<Tr>(s, p.scale_log2, need_mask, key_limit, k0, lane);
-    float alpha[2], block_max[2], new_max[2];
+    float block_max[2], new_max[2];
     softmax.step(s, alpha, block_max, new_max);
-
-    // ---- pv_threshold: one vote of the whole query block (all consumer warpgroups)
-    bool skip_pv = false;
-    if (p.use_pv_threshold) {
-      bool skippable = true;
+    if (!p.use_pv_threshold) return false;
+    bool skippable = true;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        skippable = skippable && (!row_real[r] || pv_skippable(block_max[r], new_max[r], pv_thr));
-      }
-      skip_pv = named_barrier_and(1, Tr::kConsumers * 128, skippable);
+    for (int r = 0; r < 2; ++r) {
+      skippable = skippable && (!row_real[r] || pv_skippable(block_max[r], new_max[r], pv_thr));
     }
+    return uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, skippable)) != 0;
+  }
 
+  __device__ __forceinline__ void rescale_and_pack(const float (&alpha)[2]) {
 #pragma unroll
     for (int j = 0; j < Tr::kDTiles; ++j) {
       o[j][0] *= alpha[0];
@@ -212,42 +246,92 @@ __device__ __forceinline__ void consumer(const KernelParams& p, const Smem<Tr>& 
       o[j][2] *= alpha[1];
       o[j][3] *= alpha[1];
     }
-
-    // ---- O += P V
-    barrier_wait(sm.v_full(st), parity);
-    if (!skip_pv) {
-      std::uint32_t a[Tr::kKSteps][4];
 #pragma unroll
-      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
-        a[kk][0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-        a[kk][1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-        a[kk][2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[kk][3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+      pa[kk][0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  }
+
+  // Values that are uniform across the warp but that ptxas cannot prove uniform (LUT entries, vote
+  // results) are broadcast from lane 0: a wgmma under a branch ptxas considers divergent gets
+  // serialized (ptxas C7520: a wait after every wgmma).
+  static __device__ __forceinline__ int uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+
+  __device__ __forceinline__ void run(BlockIter it) {
+    if (kPingpong && cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
+    barrier_wait(sm.q_full(), 0);
+    const int kb = uniform(it.next());
+    if (kb >= 0) {
+      // Block 0: S_0 alone.
+      barrier_wait(sm.k_full(0), 0);
+      turn_begin();
+      wgmma_fence();
+      fence_accumulator(s);
+      issue_qk(0);
+      turn_end();
+      wgmma_wait<0>();
+      fence_accumulator(s);
+      release(sm.k_empty(0));
+      float alpha[2];
+      bool skip_prev = softmax_step(kb * Tr::kBlockK, alpha);
+      rescale_and_pack(alpha);
+      int st_prev = 0;
+      std::uint32_t parity_prev = 0;
+      for (int use = 1;; ++use) {
+        const int kb_next = uniform(it.next());
+        if (kb_next < 0) break;
+        const int st = use % Tr::kStages;
+        const std::uint32_t parity = (use / Tr::kStages) & 1;
+        barrier_wait(sm.k_full(st), parity);
+        barrier_wait(sm.v_full(st_prev), parity_prev);
+        turn_begin();
+        wgmma_fence();
+        fence_accumulator(s);
+        fence_accumulator(o);
+        issue_qk(st);
+        issue_pv(st_prev, skip_prev);
+        turn_end();
+        wgmma_wait<1>();
+        fence_accumulator(s);
+        release(sm.k_empty(st));
+        const bool skip = softmax_step(kb_next * Tr::kBlockK, alpha);
+        wgmma_wait<0>();
+        fence_accumulator(o);
+        fence_p();
+        release(sm.v_empty(st_prev));
+        rescale_and_pack(alpha);
+        skip_prev = skip;
+        st_prev = st;
+        parity_prev = parity;
       }
+      // PV of the last block.
+      barrier_wait(sm.v_full(st_prev), parity_prev);
+      turn_begin();
       wgmma_fence();
       fence_accumulator(o);
-#pragma unroll
-      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
-        Wgmma<T, Tr::kHeadDim>::rs(o, a[kk], mn_major_desc(sm.v(st), Tr::kKVSlab, kk));
-      }
-      wgmma_commit();
+      issue_pv(st_prev, skip_prev);
+      turn_end();
       wgmma_wait<0>();
       fence_accumulator(o);
+      fence_p();
+      release(sm.v_empty(st_prev));
     }
-    __syncwarp();
-    if (lane == 0) barrier_arrive(sm.v_empty(st));
-  }
+    if (kPingpong && cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);  // the turn warpgroup 1 passed last
 
-  // ---- epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows)
-  std::int64_t o_row[2];
+    // Epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows).
+    std::int64_t o_row[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    o_row[r] = t.b_dim0 * p.o_stride[0] + static_cast<std::int64_t>(t.q_begin + row_in_seq[r]) * p.o_stride[1] +
-               t.h * p.o_stride[2];
+    for (int r = 0; r < 2; ++r) {
+      o_row[r] = t.b_dim0 * p.o_stride[0] + static_cast<std::int64_t>(t.q_begin + row_in_seq[r]) * p.o_stride[1] +
+                 t.h * p.o_stride[2];
+    }
+    const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
+    store_output<T, Tr::kDTiles>(p, o, softmax.m, softmax.l, row_in_seq, t.sq, o_row, lse_base, lane);
   }
-  const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
-  store_output<T, Tr::kDTiles>(p, o, softmax.m, softmax.l, row_in_seq, t.sq, o_row, lse_base, lane);
-}
+};
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel(const __grid_constant__ Sm90Params P) {
@@ -275,13 +359,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
   }
   __syncthreads();
 
-  const int wg = tid / 128;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // provably warp-uniform for ptxas
   if (wg == 0) {
     registers_release<Tr::kProducerRegs>();
     if (tid == 0) producer<Tr>(P, sm, t, make_iter(p, t, visible));
   } else {
     registers_claim<Tr::kConsumerRegs>();
-    consumer<Tr>(p, sm, t, make_iter(p, t, visible), wg - 1, tid % 128);
+    Consumer<Tr> c(p, sm, t, wg - 1, tid % 128);
+    c.run(make_iter(p, t, visible));
   }
 #else
   (void)P;

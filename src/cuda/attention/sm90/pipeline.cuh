@@ -67,4 +67,13 @@ __device__ __forceinline__ bool named_barrier_and(int id, int threads, bool pred
   return out != 0;
 }
 
+// Named-barrier halves for the consumer warpgroups' pingpong: one warpgroup waits (sync) until the
+// other has signalled (arrive); `threads` counts both sides.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace sparge::cuda::attn::sm90
