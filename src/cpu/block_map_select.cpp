@@ -32,7 +32,9 @@ std::int64_t select_row(std::span<const double> scores, std::span<const unsigned
   if (rule.use_topk) {
     const auto want = static_cast<std::int64_t>(std::floor(rule.topk * static_cast<double>(nv)));
     n = std::min(r, std::max<std::int64_t>(1, want));
-    std::partial_sort(order.begin(), order.begin() + n, order.end(), before);
+    // Only the set matters (the lut is ascending): under a strict total order the first n after
+    // nth_element are exactly the n best, in O(R).
+    if (n > 0 && n < r) std::nth_element(order.begin(), order.begin() + (n - 1), order.end(), before);
   } else if (r > 0) {
     std::sort(order.begin(), order.end(), before);
     // Softmax over the rankable blocks, shifted by the largest score (the first in order).

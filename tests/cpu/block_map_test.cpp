@@ -822,6 +822,23 @@ SPARGE_CASES(BlockMapProp) {
     }
   }
 
+  // cdfthreshd = 1 keeps every visible block on a flat softmax, also on the rows where rounding
+  // leaves the accumulated mass a few ulps below 1 (then every rankable block is kept).
+  for (int causal = 0; causal < 2; ++causal) {
+    Spec s = prop_spec(1000, 1500, causal != 0);
+    s.cdf = {1.0f};
+    s.scale = 0.05f;
+    const std::string name = case_name("BLOCKMAP_CDF_ONE", s);
+    cases.push_back({name, [s, name] {
+                       auto rng = rng_for(name);
+                       const Inputs in = make_inputs(s, rng);
+                       const Result out = run_map(s, in);
+                       ASSERT_TRUE(out.ok);
+                       const auto nv = visible_counts(s, in);
+                       for (size_t row = 0; row < nv.size(); ++row) ASSERT_EQ(out.counts[row], nv[row]) << "row " << row;
+                     }});
+  }
+
   // Genuine ties: K blocks 2 and 5 are identical and score highest; one kept block must be 2.
   for (int mode = 0; mode < 4; ++mode) {
     Spec s;
@@ -840,6 +857,8 @@ SPARGE_CASES(BlockMapProp) {
                        for (auto& x : u) x = nd(rng);
                        for (std::int64_t r = 0; r < s.sq; ++r)
                          for (int i = 0; i < 16; ++i) in.qv(0, r, 0, i) = u[i];
+                       for (std::int64_t r = 0; r < s.sk; ++r)  // other K blocks: weak noise
+                         for (int i = 0; i < 16; ++i) in.kv(0, r, 0, i) = 0.1f * nd(rng);
                        for (std::int64_t r = 0; r < 64; ++r)
                          for (int i = 0; i < 16; ++i) {
                            in.kv(0, 2 * 64 + r, 0, i) = 3.0f * u[i] + 0.5f * nd(rng);
@@ -1214,6 +1233,45 @@ SPARGE_CASES(BlockMapProp) {
                        const Result out = run_map(s, in);
                        expect_same_map(out, reference(s, in), "vs naive reference");
                        EXPECT_EQ(out.k_sim[0], 0.0);
+                     }});
+  }
+
+  // A block is self-similar only when sim > threshold: a sim exactly equal to the threshold
+  // (0 for an all-zero block, 1 for a lone one-hot row) makes a forced row / column.
+  for (int exact_one = 0; exact_one < 2; ++exact_one) {
+    Spec s;
+    s.sq = 129;  // the tail query block is one row
+    s.sk = 193;  // the tail key block is one row
+    s.d = 16;
+    s.smooth = false;
+    s.topk = {0.3f};
+    s.sim = {exact_one ? 1.0f : 0.0f};
+    const std::string name = case_name("BLOCKMAP_SIM_AT_THRESHOLD", s);
+    cases.push_back({name, [s, name, exact_one] {
+                       auto rng = rng_for(name);
+                       Inputs in = make_inputs(s, rng);
+                       if (exact_one) {
+                         for (int i = 0; i < s.d; ++i) {
+                           in.qv(0, 128, 0, i) = i == 0 ? 1.0f : 0.0f;
+                           in.kv(0, 192, 0, i) = i == 1 ? 1.0f : 0.0f;
+                         }
+                       } else {  // query block 1 and key block 1 all zero
+                         for (int r = 64; r < 128; ++r)
+                           for (int i = 0; i < s.d; ++i) in.qv(0, r, 0, i) = in.kv(0, r, 0, i) = 0.0f;
+                       }
+                       const Result out = run_map(s, in);
+                       ASSERT_TRUE(out.ok);
+                       const std::int64_t qb = exact_one ? 2 : 1, kb = exact_one ? 3 : 1;
+                       ASSERT_EQ(out.q_sim[qb], exact_one ? 1.0 : 0.0);
+                       ASSERT_EQ(out.k_sim[kb], exact_one ? 1.0 : 0.0);
+                       EXPECT_EQ(out.count_at(0, 0, qb), 4) << "the query block at the threshold is a forced row";
+                       for (std::int64_t q = 0; q < out.NQ; ++q) {
+                         EXPECT_EQ(out.score_at(0, 0, q, kb), -kInf);
+                         bool found = false;
+                         for (std::int64_t j = 0; j < out.count_at(0, 0, q); ++j) found |= out.lut_at(0, 0, q, j) == kb;
+                         EXPECT_TRUE(found) << "qb " << q << ": the key block at the threshold is a forced column";
+                       }
+                       expect_same_map(out, reference(s, in), "vs naive reference");
                      }});
   }
 
