@@ -92,7 +92,7 @@ struct DenseAttentionParams {
 // The k largest of each row of scores. Output order: indices whose value is strictly above the
 // k-th largest value, ascending by index, then the indices equal to it, ascending by index, as many
 // as fit. -inf is never selected; rows with fewer than k selectable values are padded with -1.
-// NaN is an input error (runtime_error naming the row on cpu; an error status on cuda).
+// NaN is an input error (invalid_argument naming the row and column); -0.0 and +0.0 are equal.
 struct TopkSelectParams {
   Tensor scores;        // f32 / f16 [R, N]
   int k = 0;            // 1 <= k <= N
