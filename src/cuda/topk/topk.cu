@@ -10,7 +10,7 @@
 //      scan, never from atomics, so the output never depends on scheduling.
 // The two classes cannot be merged into one ">= T" pass: the ties must come after every larger
 // value (the documented order, which gather_attention sums in).
-// A row with at most k selectable (not -inf) scores selects all of them in ascending column order,
+// A row with fewer than k selectable (not -inf) scores selects all of them in ascending column order,
 // as the CPU backend does: T is then taken as the key of -inf, every selectable score is "above"
 // and no tie is taken, so -inf is never selected and the rest of the row is -1.
 // A row of 512 KB does not fit in shared memory, so each pass reads the row from global memory
@@ -146,13 +146,14 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const TopkArgs a) {
     k_rem -= sel_above;
     __syncthreads();  // everyone has read sel_* before the next pass resets them
   }
-  // With at most k selectable scores the whole selectable set is the answer, in ascending column
-  // order (the CPU backend's reading of the contract: no threshold, so no "ties after"); treating
-  // T as the key of -inf makes every selectable score "above" and takes no tie.
+  // With fewer than k selectable scores the whole selectable set is the answer, in ascending column
+  // order (no k-th value exists, so no "ties after"); treating T as the key of -inf makes every
+  // selectable score "above" and takes no tie. With exactly k the k-th value exists and its ties go
+  // last, as with more (docs/semantics.md, Stage 3).
   std::uint32_t n_selectable = 0;
   scan::block_exclusive_sum<kThreads>(selectable, scan_storage, n_selectable);
   std::uint32_t threshold = prefix;
-  if (n_selectable <= static_cast<std::uint32_t>(a.k)) {
+  if (n_selectable < static_cast<std::uint32_t>(a.k)) {
     threshold = token::kNegInfKey;
     n_above = n_selectable;
   }
