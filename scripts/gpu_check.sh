@@ -28,7 +28,9 @@ fi
 if has cpuscale; then
   # CPU backend scaling, in the background while the GPU phases run (they use one core).
   ( for t in 16 8 4 2 1; do
-      /usr/bin/time -f "threads=$t wall=%e s" "$B/bin/sparge" bench -backend=cpu -b=1 -h=2 -s=8192 -d=128 -topk=0.4 -v=1 -threads=$t -repeat=1 -warmup=0
+      s0=$(date +%s.%N)
+      timeout 300 "$B/bin/sparge" bench -backend=cpu -b=1 -h=2 -s=8192 -d=128 -topk=0.4 -v=1 -threads=$t -repeat=1 -warmup=0
+      echo "threads=$t rc=$? wall=$(echo "$(date +%s.%N) - $s0" | bc) s"
     done >"$OUT/cpuscale.log" 2>&1 ) &
   cpuscale_pid=$!
 fi
@@ -46,7 +48,7 @@ fi
 
 if has sanitize; then
   for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 "$B/tests/sparge_gpu_tests" --filter="${SAN_FILTER:-sq=113|sq=203|r=7|n=1000}" >"$OUT/sanitize_$tool.log" 2>&1; rc=$?
+    timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 99 "$B/tests/sparge_gpu_tests" --filter="${SAN_FILTER:-sq=113|sq=203|r=7|n=1000}" >"$OUT/sanitize_$tool.log" 2>&1; rc=$?
     note "compute-sanitizer $tool rc=$rc: $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$OUT/sanitize_$tool.log" | tr '\n' ' ')"
   done
 fi
