@@ -30,7 +30,7 @@ if has cpuscale; then
   ( for t in 16 8 4 2 1; do
       s0=$(date +%s.%N)
       timeout 300 "$B/bin/sparge" bench -backend=cpu -b=1 -h=2 -s=8192 -d=128 -topk=0.4 -v=1 -threads=$t -repeat=1 -warmup=0
-      echo "threads=$t rc=$? wall=$(echo "$(date +%s.%N) - $s0" | bc) s"
+      echo "threads=$t rc=$? wall=$(awk "BEGIN{print $(date +%s.%N) - $s0}") s"
     done >"$OUT/cpuscale.log" 2>&1 ) &
   cpuscale_pid=$!
 fi
