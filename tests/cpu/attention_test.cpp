@@ -657,6 +657,35 @@ void add_gqa_cases(std::vector<Case>& cases) {
     }
 }
 
+// K/V with batch stride 0 (one K/V broadcast over the batch) == K/V copied per batch, bitwise.
+void add_broadcast_cases(std::vector<Case>& cases) {
+  for (int sparse = 0; sparse < 2; ++sparse) {
+    Spec s;
+    s.b = 3; s.hq = 4; s.hk = 2; s.sq = 77; s.sk = 130; s.d = 20; s.causal = sparse == 1; s.dtype = DType::f16;
+    const std::string name = Name(spec_name(sparse ? "ATTN_BROADCAST" : "DENSE_BROADCAST", s))("kv_stride0", 1);
+    cases.push_back({name, [=] {
+      auto rng = rng_for(name);
+      auto p = make_problem(s, rng);
+      // Copy batch 0 of K/V into every batch: the reference problem.
+      std::vector<float> k = p->kl, v = p->vl;
+      const size_t per = static_cast<size_t>(s.sk * s.hk * s.d);
+      for (int b = 1; b < s.b; ++b) {
+        std::copy(k.begin(), k.begin() + per, k.begin() + b * per);
+        std::copy(v.begin(), v.begin() + per, v.begin() + b * per);
+      }
+      p->k.fill(k);
+      p->v.fill(v);
+      Lut l = make_lut(s, Pattern::random, rng, 0.6);
+      auto full = sparse ? run_sparse(*p, l) : run_dense(*p, nullptr);
+      p->k.view.stride[0] = 0;  // every batch reads batch 0's K/V
+      p->v.view.stride[0] = 0;
+      p->k.view.shape[0] = p->v.view.shape[0] = s.b;
+      auto bc = sparse ? run_sparse(*p, l) : run_dense(*p, nullptr);
+      expect_bitwise(*full, *bc, "batch-broadcast K/V vs copies");
+    }});
+  }
+}
+
 // NHD == HND == padded storage (inputs and output), and any thread count, bitwise.
 void add_invariance_cases(std::vector<Case>& cases) {
   for (int causal = 0; causal < 2; ++causal)
@@ -877,6 +906,7 @@ SPARGE_CASES(AttnProp) {
   add_merge_cases(cases);
   add_varlen_cases(cases);
   add_gqa_cases(cases);
+  add_broadcast_cases(cases);
   add_invariance_cases(cases);
   add_pv_cases(cases);
   add_edge_cases(cases);
