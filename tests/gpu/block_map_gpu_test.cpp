@@ -551,7 +551,9 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
     }
     for (std::int64_t kb = 0; kb < p.nk; ++kb) {
       const size_t i = static_cast<size_t>(row * p.nk + kb);
-      if (!close(gpu.scores[i], cpu.scores[i], 1e-6 + 5e-5 * big)) {
+      // Floor 1e-5: with one K block per sequence, smoothing cancels the pooled K exactly in fp64
+      // (scores ~1e-15) while fp32 leaves a residue near 1e-6 (seen on the H200 at d=256, scale=2).
+      if (!close(gpu.scores[i], cpu.scores[i], 1e-5 + 5e-5 * big)) {
         ADD_FAILURE() << "scores[row " << row << ", kb " << kb << "] gpu " << gpu.scores[i] << " cpu " << cpu.scores[i];
         return;
       }

@@ -290,7 +290,7 @@ std::vector<float> make_mask(std::int64_t r, std::int64_t n, double keep, std::m
 SPARGE_CASES(CompactGpu) {
   struct Shape { std::int64_t r, n; int n_max; double keep; };
   const Shape shapes[] = {{64, 4096, 4096, 0.1}, {32, 16384, 2048, 0.1}, {17, 1001, 1001, 1.0}, {8, 999, 50, 0.02},
-                          {5, 100000, 40000, 0.3}, {3, 7, 7, 0.5}, {4, 300, 0, 0.0}};
+                          {5, 100000, 40000, 0.3}, {3, 7, 7, 0.5}, {4, 300, 1, 0.0}};  // last: every entry masked (n_max = 0 is invalid)
   for (const Shape& sh : shapes) {
     for (DType t : {DType::f32, DType::f16}) {
       const std::string name = Name("COMPACT_GPU")("r", sh.r)("n", sh.n)("n_max", sh.n_max)("keep", sh.keep)("dtype", to_string(t));
