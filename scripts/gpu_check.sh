@@ -56,9 +56,9 @@ fi
 if has bench; then
   {
     echo "# sparge bench on $(nvidia-smi --query-gpu=name --format=csv,noheader), $stamp"
-    for args in "-topk=1.0" "-topk=0.5" "-topk=0.4" "-topk=0.2" "-topk=0.1" "-topk=0.4 -causal=1" "-topk=1.0 -d=64"; do
-      echo "## sparge bench -backend=cuda -b=2 -h=32 -s=16384 -d=128 $args"
-      timeout 120 "$B/bin/sparge" bench -backend=cuda -b=2 -h=32 -s=16384 -d=128 -simthreshd1=0.001 $args
+    for args in "-d=128 -topk=1.0" "-d=128 -topk=0.5" "-d=128 -topk=0.4" "-d=128 -topk=0.2" "-d=128 -topk=0.1" "-d=128 -topk=0.4 -causal=1" "-d=128 -topk=1.0 -blkq=128 -blkk=128" "-d=64 -topk=1.0"; do
+      echo "## sparge bench -backend=cuda -b=2 -h=32 -s=16384 $args"
+      timeout 120 "$B/bin/sparge" bench -backend=cuda -b=2 -h=32 -s=16384 -simthreshd1=0.001 $args
     done
     echo "## validation, smaller shape"
     timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -v=1

@@ -139,7 +139,7 @@ BenchConfig parse_bench(Args& a) {
   c.threads = static_cast<int>(a.get_int("threads", 0, 0, 4096));
   c.seed_given = a.has("seed");
   c.seed = c.seed_given ? a.get_u64("seed", 0) : fresh_seed();
-  c.oracle_gflop = a.get_float("oracle_gflop", 40.0, 0.0, 1e9, true);
+  c.oracle_gflop = a.get_float("oracle_gflop", 100.0, 0.0, 1e9, true);
   a.finish();
   return c;
 }

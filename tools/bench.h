@@ -22,7 +22,7 @@ struct BenchConfig {
   int warmup = 2, repeat = 10, threads = 0;
   std::uint64_t seed = 0;
   bool seed_given = false;
-  double oracle_gflop = 40;  // budget of the fp64 oracle in validation
+  double oracle_gflop = 100;  // budget of the fp64 oracle in validation
 
   BlockMapParams block_map_params(void* q, void* k, void* lut, void* counts, void* stream) const;
   BlockSparseAttentionParams attention_params(void* q, void* k, void* v, void* o, void* lse, void* lut,

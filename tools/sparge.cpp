@@ -38,7 +38,7 @@ void print_usage() {
       "  -threads=0                 cpu threads (0 = all)\n"
       "  -seed=N                    input seed (default: fresh, printed)\n"
       "  -v=1                       validate: block map vs cpu, LUT form, O and LSE vs the fp64 oracle\n"
-      "  -oracle_gflop=40           oracle budget; larger shapes are validated on a random subset\n"
+      "  -oracle_gflop=100          oracle budget; larger shapes are validated on a random subset\n"
       "\n"
       "validate flags: -backend=cpu|cuda -dtype=fp16|bf16|fp32 -threads=0 -seed=N\n"
       "                -filter=all|block_map|sparse|dense|merge|topk|compact|gather|errors\n"
