@@ -14,6 +14,7 @@
 // bf16). NaN/Inf must match exactly, guard regions must be intact, and every written position of
 // poisoned outputs must have been overwritten.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -562,7 +563,7 @@ void bench_attention() {
   const Exec ex{Backend::cuda, nullptr, 0};
   const double dense_flops = 4.0 * B * H * static_cast<double>(S) * S * D;
   auto run_paths = [&](const char* label, double flops, const std::function<Status()>& call) {
-    double tf[2] = {0, 0};
+    std::array<double, 2> tf = {0, 0};
     const char* paths[2] = {"portable", "sm90"};
     for (int i = 0; i < 2; ++i) {
       const ScopedPath path(paths[i]);
@@ -572,12 +573,53 @@ void bench_attention() {
     std::printf("BENCH %-34s portable %7.1f TFLOPS   sm90 %7.1f TFLOPS   (x%.2f)\n", label, tf[0], tf[1],
                 tf[0] > 0 ? tf[1] / tf[0] : 0.0);
     std::fflush(stdout);
+    return tf;
   };
+  std::array<double, 2> dense_tf = {0, 0};
   for (bool causal : {false, true}) {
     DenseAttentionParams d;
     d.q = t4(dq.data()); d.k = t4(dk.data()); d.v = t4(dv.data()); d.o = t4(dout.data()); d.exec = ex;
     d.is_causal = causal;
-    run_paths(causal ? "dense causal" : "dense", causal ? dense_flops / 2 : dense_flops, [&] { return dense_attention(d); });
+    const auto tf = run_paths(causal ? "dense causal" : "dense", causal ? dense_flops / 2 : dense_flops,
+                              [&] { return dense_attention(d); });
+    if (!causal) dense_tf = tf;
+  }
+  {  // head dim 64 (same buffers, viewed as [B, S, H, 64])
+    auto t64 = [&](void* p) { return make_tensor(p, DType::f16, {B, S, H, 64}); };
+    DenseAttentionParams d;
+    d.q = t64(dq.data()); d.k = t64(dk.data()); d.v = t64(dv.data()); d.o = t64(dout.data()); d.exec = ex;
+    run_paths("dense d=64", dense_flops / 2, [&] { return dense_attention(d); });
+  }
+  {  // Skewed LUT (blkq = blkk = 128): 10% of the query blocks dense, the rest at density 0.05.
+    // A balanced schedule takes the useful work's time at the dense rate; printed as a ratio.
+    const int blk = 128, nq = S / blk, nk = S / blk;
+    std::mt19937_64 srng(11);
+    std::vector<std::int32_t> lut(static_cast<size_t>(B) * H * nq * nk, -1), counts(static_cast<size_t>(B) * H * nq);
+    std::vector<int> perm(nk);
+    double blocks = 0;
+    for (size_t row = 0; row < counts.size(); ++row) {
+      const bool heavy = srng() % 10 == 0;
+      const int take = heavy ? nk : std::max(1, static_cast<int>(std::lround(0.05 * nk)));
+      for (int i = 0; i < nk; ++i) perm[i] = i;
+      for (int i = 0; i < take; ++i) std::swap(perm[i], perm[i + static_cast<int>(srng() % (nk - i))]);
+      std::sort(perm.begin(), perm.begin() + take);
+      counts[row] = take;
+      blocks += take;
+      for (int i = 0; i < take; ++i) lut[row * nk + i] = perm[i];
+    }
+    DeviceGuarded<std::int32_t> dlut(lut.size()), dcnt(counts.size());
+    dlut.upload(lut);
+    dcnt.upload(counts);
+    BlockSparseAttentionParams s;
+    s.q = t4(dq.data()); s.k = t4(dk.data()); s.v = t4(dv.data()); s.o = t4(dout.data()); s.exec = ex;
+    s.blkq = blk; s.blkk = blk;
+    s.lut = make_tensor(dlut.data(), DType::i32, {B, H, nq, nk});
+    s.counts = make_tensor(dcnt.data(), DType::i32, {B, H, nq});
+    const auto tf = run_paths("sparse skewed 10% dense / 5%", 4.0 * blk * blk * D * blocks,
+                              [&] { return block_sparse_attention(s); });
+    std::printf("BENCH skewed: time / (useful work at the dense rate)   portable %.2f   sm90 %.2f\n",
+                tf[0] > 0 ? dense_tf[0] / tf[0] : 0.0, tf[1] > 0 ? dense_tf[1] / tf[1] : 0.0);
+    std::fflush(stdout);
   }
   std::mt19937_64 rng(7);
   for (int blkk : {64, 128}) {
@@ -644,6 +686,16 @@ SPARGE_CASES(AttentionGpuSparse) {
         c.hnd = false; c.hq = 4; c.hk = 1; c.lse = false; c.o_f32 = false; c.causal = false;
         add(cases, c);
       }
+  // More query blocks than CTAs fit on an H200 at once (132 SMs x 1 or 2): the sm90 launch then
+  // runs the tiles in order of their LUT row length (random rows: lengths vary), so a wrong order
+  // computes some tile twice and leaves another's O poisoned.
+  for (int d : kDims)
+    for (int blk : {64, 128}) {
+      Cfg c;
+      c.dt = DType::f16; c.d = d; c.blkq = blk; c.blkk = blk; c.b = 2; c.hq = 4; c.hk = 2; c.sq = 4096 + 77; c.sk = 512;
+      c.density = 0.5; c.causal = blk == 64;
+      add(cases, c);
+    }
   // Varlen (ragged batches; the LUT batch index is the sequence), including an empty sequence and
   // Sq > Sk (empty causal rows).
   for (DType dt : kTypes)

@@ -98,3 +98,75 @@ bool encode_tensor_map(CUtensorMap* out, const Tensor& t, int box_rows) {
 }
 
 }  // namespace sparge::cuda::attn::sm90
+
+namespace sparge::cuda::attn::sm90 {
+namespace {
+
+constexpr int kOrderThreads = 1024;
+constexpr int kOrderClasses = 33;  // length class 32 - clz(count): 0 for empty rows .. 32
+
+__device__ __forceinline__ int length_class(const KernelParams& p, int tile) {
+  const int qb_idx = tile % p.nq;
+  const int bh = tile / p.nq;
+  const int h = bh % p.hq;
+  const int b = bh / p.hq;
+  const int qb = p.heavy_first ? p.nq - 1 - qb_idx : qb_idx;  // as the kernel's make_tile
+  int c = p.counts[b * p.counts_stride[0] + h * p.counts_stride[1] + qb * p.counts_stride[2]];
+  c = c < 0 ? 0 : (c > p.nk_lut ? p.nk_lut : c);
+  return 32 - __clz(c);
+}
+
+// Stable counting sort by length class, descending: a histogram, the classes' first positions,
+// then chunks of 1024 tiles scattered in index order (rank within a warp by __match_any_sync,
+// across warps by per-warp counts).
+__global__ void __launch_bounds__(kOrderThreads) order_kernel(const __grid_constant__ KernelParams p, int num_tiles,
+                                                              std::int32_t* order) {
+  __shared__ int base[kOrderClasses];
+  __shared__ int warp_count[kOrderThreads / 32][kOrderClasses];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid < kOrderClasses) base[tid] = 0;
+  __syncthreads();
+  for (int i = tid; i < num_tiles; i += kOrderThreads) atomicAdd(&base[length_class(p, i)], 1);
+  __syncthreads();
+  if (tid == 0) {
+    int run = 0;
+    for (int c = kOrderClasses - 1; c >= 0; --c) {
+      const int n = base[c];
+      base[c] = run;
+      run += n;
+    }
+  }
+  __syncthreads();
+  for (int c0 = 0; c0 < num_tiles; c0 += kOrderThreads) {
+    for (int e = tid; e < (kOrderThreads / 32) * kOrderClasses; e += kOrderThreads) (&warp_count[0][0])[e] = 0;
+    __syncthreads();
+    const int i = c0 + tid;
+    const bool valid = i < num_tiles;
+    const int cls = valid ? length_class(p, i) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, cls);
+    const int rank = __popc(peers & ((1u << lane) - 1));
+    if (valid && rank == 0) warp_count[warp][cls] = __popc(peers);
+    __syncthreads();
+    if (valid) {
+      int before = 0;
+      for (int w = 0; w < warp; ++w) before += warp_count[w][cls];
+      order[base[cls] + before + rank] = i;
+    }
+    __syncthreads();
+    if (tid < kOrderClasses) {
+      int n = 0;
+      for (int w = 0; w < kOrderThreads / 32; ++w) n += warp_count[w][tid];
+      base[tid] += n;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+cudaError_t order_tiles_by_count(const KernelParams& p, int num_tiles, std::int32_t* order, cudaStream_t stream) {
+  order_kernel<<<1, kOrderThreads, 0, stream>>>(p, num_tiles, order);
+  return cudaGetLastError();
+}
+
+}  // namespace sparge::cuda::attn::sm90

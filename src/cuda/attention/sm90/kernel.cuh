@@ -19,14 +19,12 @@
 #include <cstdint>
 
 #include "cuda/attention/block_iter.cuh"
-#include "cuda/attention/epilogue.cuh"
-#include "cuda/attention/mainloop.cuh"
 #include "cuda/attention/params.h"
 #include "cuda/attention/primitives.cuh"
 #include "cuda/attention/sm90/launch.h"
 #include "cuda/attention/sm90/pipeline.cuh"
+#include "cuda/attention/sm90/rows.cuh"
 #include "cuda/attention/sm90/wgmma.cuh"
-#include "cuda/attention/softmax.cuh"
 
 namespace sparge::cuda::attn::sm90 {
 
@@ -163,7 +161,8 @@ struct Consumer {
   float o[Tr::kDTiles][4];
   float s[Tr::kKTiles][4];
   std::uint32_t pa[Tr::kKSteps][4];  // P of the previous block, the A operand of its PV
-  OnlineSoftmax<Tr::kKTiles> softmax;
+  float m[2];  // running max of the two rows (log2 units), -inf before the first key
+  float l[2];  // this thread's partial denominators (the quad's are summed in the epilogue)
 
   __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, const Tile& t_, int cw_, int tid)
       : p(p_), sm(sm_), t(t_), cw(cw_), warp(tid / 32), lane(tid % 32) {
@@ -181,7 +180,8 @@ struct Consumer {
     q_tile = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
 #pragma unroll
     for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    softmax.init();
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
   }
 
   static constexpr bool kPingpong = Tr::kConsumers == 2;
@@ -203,17 +203,25 @@ struct Consumer {
     }
     wgmma_commit();
   }
-  // PV of a block the query block voted to skip issues nothing, but still commits its (empty)
-  // group, so the wait counts are the same on both paths: ptxas serializes every wgmma of the
-  // kernel (C7514) when the waits differ between the paths.
-  __device__ __forceinline__ void issue_pv(int st, bool skip) {
-    if (!skip) {
+  // O += P_{i-1} V_{i-1}, one commit group.
+  __device__ __forceinline__ void issue_pv(int st) {
 #pragma unroll
-      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
-        Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], mn_major_desc(sm.v(st), Tr::kKVSlab, kk));
-      }
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+      Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], mn_major_desc(sm.v(st), Tr::kKVSlab, kk));
     }
     wgmma_commit();
+  }
+  // The same when the query block may have voted to skip it: a skipped PV commits an empty group,
+  // so the wait counts are the same on both paths (ptxas serializes every wgmma of the kernel,
+  // C7514, when the waits differ between the paths). Each path commits its own group: a commit
+  // after the join makes ptxas close the PV group itself and add an empty group on both paths, so
+  // wait<1> would wait for the PV too.
+  __device__ __forceinline__ void issue_pv(int st, bool skip) {
+    if (!skip) {
+      issue_pv(st);
+    } else {
+      wgmma_commit();
+    }
   }
   __device__ __forceinline__ void fence_p() {
 #pragma unroll
@@ -222,29 +230,85 @@ struct Consumer {
       for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(pa[kk][e])::"memory");
   }
 
-  // Mask and online softmax of S_i (block starting at key k0); returns the query block's
-  // pv_threshold decision. alpha receives the factors O must be rescaled by.
-  __device__ __forceinline__ bool softmax_step(int k0, float (&alpha)[2]) {
-    const bool need_mask = k0 + Tr::kBlockK > t.sk || (p.is_causal && k0 + Tr::kBlockK - 1 > first_row_bound);
-    scale_and_mask<Tr>(s, p.scale_log2, need_mask, key_limit, k0, lane);
-    float block_max[2], new_max[2];
-    softmax.step(s, alpha, block_max, new_max);
-    if (!p.use_pv_threshold) return false;
-    bool skippable = true;
+  // Keys a row does not see (past sk, or in the causal future) become -inf; only blocks that
+  // cross sk or the diagonal of some row of this warpgroup call this.
+  __device__ __forceinline__ void mask_scores(int k0) {
+    const int col0 = k0 + 2 * (lane & 3);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      skippable = skippable && (!row_real[r] || pv_skippable(block_max[r], new_max[r], pv_thr));
-    }
-    return uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, skippable)) != 0;
+    for (int j = 0; j < Tr::kKTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (col0 + j * 8 + (e & 1) > key_limit[e >> 1]) s[j][e] = -INFINITY;
   }
 
-  __device__ __forceinline__ void rescale_and_pack(const float (&alpha)[2]) {
+  // Online softmax of the raw scores S_i (block starting at key k0), the portable kernel's
+  // arithmetic with the scale folded in: the row max is taken on raw scores and scaled once
+  // (scale > 0, and rounding is monotonic, so this is the max of the scaled scores bit for bit),
+  // and every probability is ex2(fma(s, scale*log2e, -max)): one FFMA + one MUFU per element.
+  // Returns the query block's pv_threshold decision when kVote; alpha receives the factors O must
+  // be rescaled by.
+  template <bool kVote, bool kMask>
+  __device__ __forceinline__ bool softmax_step(int k0, float (&alpha)[2]) {
+    if constexpr (kMask) mask_scores(k0);
+    const float scale = p.scale_log2;
+    float block_max[2], new_max[2];
 #pragma unroll
-    for (int j = 0; j < Tr::kDTiles; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
+    for (int r = 0; r < 2; ++r) {
+      float x0 = -INFINITY, x1 = -INFINITY;  // two chains: half the dependent FMNMX latency
+#pragma unroll
+      for (int j = 0; j < Tr::kKTiles; j += 2) {
+        x0 = fmaxf(x0, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+        x1 = fmaxf(x1, fmaxf(s[j + 1][2 * r], s[j + 1][2 * r + 1]));
+      }
+      const float x = quad_max(fmaxf(x0, x1)) * scale;
+      const float m_new = fmaxf(m[r], x);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = ex2(m[r] - m_use);
+      block_max[r] = x;
+      new_max[r] = m_new;
+      m[r] = m_new;
+      const float neg = -m_use;
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < Tr::kKTiles; ++j) {
+        s[j][2 * r] = ex2(fmaf(s[j][2 * r], scale, neg));
+        s[j][2 * r + 1] = ex2(fmaf(s[j][2 * r + 1], scale, neg));
+        sum0 += s[j][2 * r];
+        sum1 += s[j][2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + (sum0 + sum1);
+    }
+    if constexpr (!kVote) {
+      return false;
+    } else {
+      bool skippable = true;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        skippable = skippable && (!row_real[r] || pv_skippable(block_max[r], new_max[r], pv_thr));
+      }
+      return uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, skippable)) != 0;
+    }
+  }
+  // Masked only where the block crosses sk or the causal diagonal of this warpgroup's rows (a
+  // real branch: with the mask if-converted every block pays two instructions per score).
+  template <bool kVote>
+  __device__ __forceinline__ bool softmax_step(int k0, float (&alpha)[2]) {
+    const bool need_mask = k0 + Tr::kBlockK > t.sk || (p.is_causal && k0 + Tr::kBlockK - 1 > first_row_bound);
+    if (uniform(need_mask)) return softmax_step<kVote, true>(k0, alpha);
+    return softmax_step<kVote, false>(k0, alpha);
+  }
+
+  // O *= alpha, skipped when no row of the warp changed its max (alpha == 1 exactly: ex2(0)),
+  // which after the first blocks is most of them; then P packed to the input dtype.
+  __device__ __forceinline__ void rescale_and_pack(const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int j = 0; j < Tr::kDTiles; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
     }
 #pragma unroll
     for (int kk = 0; kk < Tr::kKSteps; ++kk) {
@@ -260,6 +324,7 @@ struct Consumer {
   // serialized (ptxas C7520: a wait after every wgmma).
   static __device__ __forceinline__ int uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 
+  template <bool kVote>
   __device__ __forceinline__ void run(BlockIter it) {
     if (kPingpong && cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
     barrier_wait(sm.q_full(), 0);
@@ -276,7 +341,7 @@ struct Consumer {
       fence_accumulator(s);
       release(sm.k_empty(0));
       float alpha[2];
-      bool skip_prev = softmax_step(kb * Tr::kBlockK, alpha);
+      bool skip_prev = softmax_step<kVote>(kb * Tr::kBlockK, alpha);
       rescale_and_pack(alpha);
       int st_prev = 0;
       std::uint32_t parity_prev = 0;
@@ -292,12 +357,16 @@ struct Consumer {
         fence_accumulator(s);
         fence_accumulator(o);
         issue_qk(st);
-        issue_pv(st_prev, skip_prev);
+        if constexpr (kVote) {
+          issue_pv(st_prev, skip_prev);
+        } else {
+          issue_pv(st_prev);
+        }
         turn_end();
         wgmma_wait<1>();
         fence_accumulator(s);
         release(sm.k_empty(st));
-        const bool skip = softmax_step(kb_next * Tr::kBlockK, alpha);
+        const bool skip = softmax_step<kVote>(kb_next * Tr::kBlockK, alpha);
         wgmma_wait<0>();
         fence_accumulator(o);
         fence_p();
@@ -312,7 +381,11 @@ struct Consumer {
       turn_begin();
       wgmma_fence();
       fence_accumulator(o);
-      issue_pv(st_prev, skip_prev);
+      if constexpr (kVote) {
+          issue_pv(st_prev, skip_prev);
+        } else {
+          issue_pv(st_prev);
+        }
       turn_end();
       wgmma_wait<0>();
       fence_accumulator(o);
@@ -329,7 +402,7 @@ struct Consumer {
                  t.h * p.o_stride[2];
     }
     const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
-    store_output<T, Tr::kDTiles>(p, o, softmax.m, softmax.l, row_in_seq, t.sq, o_row, lse_base, lane);
+    store_rows<T, Tr::kDTiles>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane);
   }
 };
 
@@ -341,7 +414,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
   Smem<Tr> sm;
   sm.base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
-  const Tile t = make_tile(p, blockIdx.x, Tr::kBlockQ);
+  const int tile_index = P.order != nullptr ? __ldg(P.order + blockIdx.x) : static_cast<int>(blockIdx.x);
+  const Tile t = make_tile(p, tile_index, Tr::kBlockQ);
   if (t.q0 >= t.sq) return;  // uniform: the whole CTA leaves before any barrier exists
   const int rows = min(Tr::kBlockQ, t.sq - t.q0);
   const int visible = visible_blocks(t.q0, rows, t.sq, t.sk, Tr::kBlockK, p.is_causal);
@@ -366,7 +440,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
   } else {
     registers_claim<Tr::kConsumerRegs>();
     Consumer<Tr> c(p, sm, t, wg - 1, tid % 128);
-    c.run(make_iter(p, t, visible));
+    if (p.use_pv_threshold) {
+      c.template run<true>(make_iter(p, t, visible));
+    } else {
+      c.template run<false>(make_iter(p, t, visible));
+    }
   }
 #else
   (void)P;
@@ -384,8 +462,27 @@ cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles
   auto* kernel = attention_kernel<Tr>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<num_tiles, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  // Sparse tiles that do not all fit on the GPU at once run longest LUT row first (a stream-ordered
+  // scratch of the order): the block scheduler hands the next CTA to the first free slot, so this
+  // is greedy longest-first, within a length class of the optimum for skewed LUTs. Without the
+  // scratch (allocation failure) the tiles run in index order.
+  Sm90Params q = p;
+  std::int32_t* order = nullptr;
+  int dev = 0, sms = 0;
+  if (p.p.lut != nullptr && cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+      num_tiles > sms * Tr::kMinBlocks) {
+    if (cudaMallocAsync(reinterpret_cast<void**>(&order), sizeof(std::int32_t) * num_tiles, stream) == cudaSuccess) {
+      if (order_tiles_by_count(p.p, num_tiles, order, stream) == cudaSuccess) q.order = order;
+    } else {
+      order = nullptr;
+    }
+  }
+  cudaGetLastError();  // a failed optional step above must not be reported as the launch's error
+  kernel<<<num_tiles, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
+  err = cudaGetLastError();
+  if (order != nullptr) cudaFreeAsync(order, stream);
+  return err;
 }
 
 }  // namespace sparge::cuda::attn::sm90

@@ -6,6 +6,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/attention/params.h"
 
 namespace sparge::cuda::attn::sm90 {
@@ -13,7 +15,16 @@ namespace sparge::cuda::attn::sm90 {
 struct Sm90Params {
   CUtensorMap q_map, k_map, v_map;  // 4-D (column, row, head, batch), 64 x rows boxes, 128B swizzle
   KernelParams p;
+  // CTA i computes tile order[i] (sparse, when the tiles do not all fit on the GPU at once: the
+  // launch orders them by LUT row length, longest first, so the block scheduler's greedy dispatch
+  // balances skewed LUTs); nullptr: CTA i computes tile i. Set by Kernel::launch.
+  const std::int32_t* order = nullptr;
 };
+
+// Writes into order[0, num_tiles) the tiles (index as CTAs see them) sorted by the length of their
+// LUT row, longest first, stably within a power-of-two length class (neighbouring tiles of one
+// head stay together, for L2 reuse of its K and V). One CTA; p.lut must be set.
+cudaError_t order_tiles_by_count(const KernelParams& p, int num_tiles, std::int32_t* order, cudaStream_t stream);
 
 // One consumer warpgroup per 64 query rows plus one producer warpgroup.
 constexpr int consumer_warpgroups(int blkq) { return blkq / 64; }
