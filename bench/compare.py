@@ -292,7 +292,7 @@ def run_config(bench, args, d, causal):
 def fmt_row(r, base_ms):
     if "error" in r:
         return f"{r['name']:<36} n/a ({r['error']})"
-    speed = f"{base_ms / r['median_ms']:6.2f}x" if base_ms else "   n/a"
+    speed = f"{base_ms / r['median_ms']:6.2f}x" if base_ms and r.get("kind") != "block_map" else "      -"
     dens = f"{r['density']:.3f}" if "density" in r else "  -  "
     useful = f"{r['useful_tflops']:7.1f}" if r.get("kind") not in ("block_map",) else "      -"
     tfl = f"{r['tflops']:7.1f}" if r.get("kind") not in ("block_map",) else "      -"
@@ -352,10 +352,11 @@ def write_plots(rows, out_dir, stamp):
                 label = {"sparge_attn": "sparge_attn (with prediction)", "kernel": "sparge kernel (given LUT)"}.get(
                     kind, kind.replace("kernel", "sparge kernel ").replace("flex", "FlexAttention "))
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        dense_styles = iter([":", "--", "-.", (0, (1, 4))])
         for r in sub:
             if r.get("kind") == "dense":
-                ax.axhline(r["speedup_vs_cudnn"], linestyle=":", linewidth=1, color="gray")
-                ax.annotate(r["name"], (1.0, r["speedup_vs_cudnn"]), fontsize=7, color="gray", ha="right")
+                ax.axhline(r["speedup_vs_cudnn"], linestyle=next(dense_styles, ":"), linewidth=1, color="gray",
+                           label=f"{r['name']} (dense)")
         r0 = rows[0]
         ax.set_title(f"b{r0['b']} h{r0['h']} s{r0['s']} d{d} {r0['dtype']} {'causal' if causal else 'non-causal'}",
                      fontsize=9)

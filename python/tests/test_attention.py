@@ -36,9 +36,10 @@ def _cases():
                                   ["HND", "NHD"])):
             if device == "cuda" and dtype == torch.float32:
                 continue
-            out.append(pytest.param(device, dtype, d, causal, layout, shapes[i % len(shapes)],
+            shape = shapes[(i + i // 4) % len(shapes)]  # every (causal, layout) pair meets every shape
+            out.append(pytest.param(device, dtype, d, causal, layout, shape,
                                     id=f"{device}-{str(dtype)[6:]}-d{d}-{'causal' if causal else 'full'}-{layout}-"
-                                       f"s{shapes[i % len(shapes)][3]}x{shapes[i % len(shapes)][4]}"))
+                                       f"s{shape[3]}x{shape[4]}"))
     return out
 
 
@@ -215,3 +216,25 @@ def test_merge_disjoint_luts_with_empty_rows(device):
     ref_o, ref_lse = ref_attention(qh, kh, vh, mask)
     assert_close_to_ref(o.transpose(1, 2), ref_o, sdpa_baseline(qh, kh, vh, mask), "merge luts")
     assert_lse_close(lse, ref_lse, dtype, "merge luts")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_block_map_attention_sink_and_per_head_topk(device):
+    _skip_unless(device)
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(31)
+    s = 1024
+    q, k, _ = randn_qkv(1, 4, 2, s, s, 64, dtype, device, "HND", gen)
+    # Without the sink, block 0 is left out of some rows at this density; with it, every row has it.
+    lut, counts = sparge.block_map(q, k, topk=0.1, simthreshd1=-0.1)
+    assert (lut[..., 0] != 0).any()
+    lut_s, counts_s = sparge.block_map(q, k, topk=0.1, simthreshd1=-0.1, attention_sink=True)
+    assert (lut_s[..., 0] == 0).all()
+    # Per-head topk (a list and a tensor give the same map): head h keeps floor(topk[h] * NV) blocks.
+    per_head = [0.1, 0.25, 0.5, 1.0]
+    _, c_list = sparge.block_map(q, k, topk=per_head, simthreshd1=-0.1)
+    _, c_tensor = sparge.block_map(q, k, topk=torch.tensor(per_head), simthreshd1=-0.1)
+    assert torch.equal(c_list, c_tensor)
+    nk = utils.num_blocks(s, sparge.DEFAULT_BLKK)
+    for h, t in enumerate(per_head):
+        assert (c_list[0, h] == max(1, int(t * nk))).all(), f"head {h}"
