@@ -24,11 +24,14 @@
 #include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "gpu/gpu_harness.h"
+#include "sparge/half.h"
+#include "sparge/ops.h"
 
 namespace sparge::test {
 namespace {
@@ -756,6 +759,21 @@ SPARGE_CASES(BlockMapGpu) {
     c.b = 1, c.hq = 1, c.hk = 1, c.sq = 64, c.sk = 600000, c.d = 8, c.sel = {0.01f}, c.diag = false;
     add(cases, c);
   }
+  // Every selection tier: one warp per row for <= 128 and <= 256 key blocks (141, 256), CUB tiers
+  // 256x8 (2048) and 1024x8 (8192) beside the ones above.
+  for (std::int64_t sk : {9000, 16384}) {
+    for (bool topk : {true, false}) {
+      Cfg c;
+      c.b = 1, c.hq = 2, c.hk = 1, c.sq = 2048, c.sk = sk, c.d = 64, c.use_topk = topk, c.causal = sk == 9000;
+      c.sel = {topk ? 0.1f : 0.5f}, c.scale = topk ? 0.0f : 1.0f, c.sim = {0.1f}, c.sink = !topk;
+      add(cases, c);
+    }
+  }
+  for (std::int64_t sk : {131072, 524288}) {
+    Cfg c;
+    c.b = 1, c.hq = 1, c.hk = 1, c.sq = 64, c.sk = sk, c.d = 16, c.sel = {0.02f}, c.causal = sk == 131072;
+    add(cases, c);
+  }
   // batch * heads > 65535 (1-D grids), and more heads than the kernel parameters carry inline.
   {
     Cfg c;
@@ -828,6 +846,95 @@ SPARGE_CASES(BlockMapGpuSupport) {
                      EXPECT_TRUE(st.ok()) << st.message();
                    }});
 }
+
+// ---- timing (SPARGE_BENCH=1): build_block_map at the shapes -------------------------------
+
+void bench_block_map() {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const char* on = std::getenv("SPARGE_BENCH");
+  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "set SPARGE_BENCH=1";
+  struct Shape {
+    int b, h;
+    std::int64_t s;
+    int blkk;
+  };
+  const Shape shapes[] = {{2, 32, 16384, 128}, {1, 64, 16384, 64}, {1, 16, 65536, 64}, {1, 4, 262144, 64}};
+  constexpr int d = 128, blkq = 64;
+  std::size_t max_el = 0, max_lut = 0, max_rows = 0;
+  for (const Shape& sh : shapes) {
+    const std::int64_t rows = sh.b * sh.h * num_blocks(sh.s, blkq);
+    max_el = std::max(max_el, static_cast<std::size_t>(sh.b * sh.s * sh.h * d));
+    max_lut = std::max(max_lut, static_cast<std::size_t>(rows * num_blocks(sh.s, sh.blkk)));
+    max_rows = std::max(max_rows, static_cast<std::size_t>(rows));
+  }
+  void *q = nullptr, *k = nullptr, *lut = nullptr, *counts = nullptr;
+  ASSERT_EQ(cudaMalloc(&q, max_el * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&k, max_el * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&lut, max_lut * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&counts, max_rows * 4), cudaSuccess);
+  {
+    // Normal-ish fp16 values (sum of 4 uniforms), a 16 MB pattern repeated over the tensors.
+    std::vector<std::uint16_t> pat(std::size_t{1} << 23);
+    std::mt19937_64 rng(12345);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto& x : pat) x = float_to_half(0.87f * (u(rng) + u(rng) + u(rng) + u(rng)));
+    for (void* dst : {q, k}) {
+      for (std::size_t off = 0; off < max_el; off += pat.size()) {
+        const std::size_t n = std::min(pat.size(), max_el - off);
+        ASSERT_EQ(cudaMemcpy(static_cast<std::uint16_t*>(dst) + off, pat.data(), n * 2, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+      }
+    }
+  }
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  static const float topk = 0.4f, sim = 0.001f;
+  for (const Shape& sh : shapes) {
+    for (bool smooth : {true, false}) {
+      const std::int64_t nq = num_blocks(sh.s, blkq), nk = num_blocks(sh.s, sh.blkk);
+      BlockMapParams p;
+      p.q = make_tensor(q, DType::f16, {sh.b, sh.s, sh.h, d});
+      p.k = make_tensor(k, DType::f16, {sh.b, sh.s, sh.h, d});
+      p.blkq = blkq;
+      p.blkk = sh.blkk;
+      p.topk = PerHead(&topk, 1);
+      p.simthreshd1 = PerHead(&sim, 1);
+      p.smooth_k = smooth;
+      p.lut = make_tensor(lut, DType::i32, {sh.b, sh.h, nq, nk});
+      p.counts = make_tensor(counts, DType::i32, {sh.b, sh.h, nq});
+      p.exec.backend = Backend::cuda;
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(build_block_map(p).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> ms;
+      for (int rep = 0; rep < 10; ++rep) {
+        ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
+        const Status st = build_block_map(p);
+        ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
+        ASSERT_TRUE(st.ok()) << st.message();
+        ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+        float t = 0.0f;
+        ASSERT_EQ(cudaEventElapsedTime(&t, e0, e1), cudaSuccess);
+        ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = 0.5 * (ms[4] + ms[5]);
+      const double qk_bytes = 2.0 * static_cast<double>(sh.b * sh.s * sh.h * d) * 2.0;
+      std::printf("[ bench ] block map b%d h%d s%lld d%d blkq%d blkk%d f16 topk0.4 smooth_k=%d: median %.4f ms "
+                  "(min %.4f, max %.4f); one Q+K read %.0f MB -> %.0f GB/s\n",
+                  sh.b, sh.h, static_cast<long long>(sh.s), d, blkq, sh.blkk, smooth ? 1 : 0, med, ms.front(),
+                  ms.back(), qk_bytes / 1e6, qk_bytes / (med * 1e-3) / 1e9);
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(q);
+  cudaFree(k);
+  cudaFree(lut);
+  cudaFree(counts);
+}
+
+SPARGE_CASES(BlockMapGpuBench) { cases.push_back({"BLOCKMAP_GPU_BENCH", [] { bench_block_map(); }}); }
 
 }  // namespace
 }  // namespace sparge::test

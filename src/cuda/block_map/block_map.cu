@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "cuda/block_map/block_map.cuh"
@@ -107,6 +108,41 @@ void fill_heads(PerHead v, std::int64_t hq, HeadValues& out, std::vector<float>&
   }
 }
 
+// The scratch comes from a private stream-ordered pool per device that keeps its memory between
+// calls (release threshold: unlimited). With the device's default pool (threshold 0) every
+// synchronization returns the scratch to the driver and the next call maps it again, which costs
+// more host time than the kernels at small shapes. The pool holds at most the largest scratch
+// that was in use at one time (concurrent calls on several streams add up); it lives as long as
+// the process. Allocation from the pool stays stream ordered, so calls on different streams are
+// safe.
+cudaError_t scratch_pool(cudaMemPool_t& out) {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static cudaMemPool_t pools[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (pools[dev] == nullptr) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t pool = nullptr;
+    if ((e = cudaMemPoolCreate(&pool, &props)) != cudaSuccess) return e;
+    std::uint64_t keep = ~std::uint64_t{0};
+    if ((e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess) {
+      (void)cudaMemPoolDestroy(pool);
+      return e;
+    }
+    pools[dev] = pool;
+  }
+  out = pools[dev];
+  return cudaSuccess;
+}
+
 }  // namespace
 
 Status supported(const BlockMapParams& p) {
@@ -131,7 +167,7 @@ Status build_block_map(const BlockMapParams& p) {
   if (rule.has_threshold) fill_heads(p.simthreshd1, g.hq, rule.threshold, host_threshold);
   const bool heads_on_device = g.hq > kInlineHeads;
 
-  // Scratch: one allocation on the stream, carved into fp32 regions.
+  // Scratch: one allocation on the stream (from the private pool), carved into fp32 regions.
   Scratch s;
   s.nchunks = p.smooth_k ? (g.sk + kKSumRows - 1) / kKSumRows : 0;
   const auto n = [](std::int64_t v) { return round_up(static_cast<std::size_t>(v)); };
@@ -144,10 +180,14 @@ Status build_block_map(const BlockMapParams& p) {
   if (floats == 0) return {};
 
   float* base = nullptr;
-  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&base), floats * sizeof(float), stream);
+  cudaMemPool_t pool = nullptr;
+  cudaError_t e = scratch_pool(pool);
+  if (e == cudaSuccess) {
+    e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&base), floats * sizeof(float), pool, stream);
+  }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();  // clear the error so it does not surface in a later call
-    return runtime_error(detail::cat(kOp, ": cudaMallocAsync of ", floats * sizeof(float),
+    return runtime_error(detail::cat(kOp, ": cudaMallocFromPoolAsync of ", floats * sizeof(float),
                                      " bytes of scratch failed: ", cudaGetErrorString(e)));
   }
   float* cursor = base;
@@ -178,18 +218,9 @@ Status build_block_map(const BlockMapParams& p) {
   }
 
   const Rows q = rows_of(p.q), k = rows_of(p.k);
-  if (p.smooth_k) {
-    phase = "the K mean (k_sum)";
-    if ((e = launch_k_sum(g, k, bf16, s, stream)) != cudaSuccess) return fail(e);
-    phase = "the K mean (k_mean)";
-    if ((e = launch_k_mean(g, s, stream)) != cudaSuccess) return fail(e);
-  }
-  phase = "the K pooling";
-  if ((e = launch_pool(g, k, bf16, true, p.smooth_k, s, out_of<float>(p.maybe_k_sim), stream)) != cudaSuccess) {
-    return fail(e);
-  }
-  phase = "the Q pooling";
-  if ((e = launch_pool(g, q, bf16, false, false, s, out_of<float>(p.maybe_q_sim), stream)) != cudaSuccess) {
+  phase = "the pooling (K mean, Q and K blocks)";
+  if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim), out_of<float>(p.maybe_k_sim),
+                          stream)) != cudaSuccess) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;

@@ -1,7 +1,8 @@
 // Shared pieces of the CUDA block map (docs/block_map_gpu.md): the geometry every kernel indexes
 // with, the sequence / visibility rules of docs/semantics.md (Stage 1) in device form, the input
 // loaders, and the launchers the host entry (block_map.cu) calls in order:
-//   k_sum -> k_mean (smooth_k only), pool (K, then Q), scores (pooled QK), select (top-k / cdf, LUT).
+//   pooling (pass 1: Q pooling + K chunk sums; k_mean; pass 2: K pooling), scores (pooled QK),
+//   select (top-k / cdf, LUT).
 // Every kernel walks a 1-D grid-stride loop over 64-bit work indices, so batch * heads may exceed
 // 65535 (and any count fits) without relying on gridDim.y / z.
 #pragma once
@@ -12,12 +13,11 @@
 
 namespace sparge::cuda::block_map {
 
-// Threads of the pooling and K-sum kernels: each row of D values is read by LANES threads, 8
-// values (16 bytes) each, so a CTA reads 256 / LANES rows at a time.
+// Threads of the pooling kernels' CTAs (8 warps, one work item per warp).
 constexpr int kPoolThreads = 256;
-// Rows of K summed by one CTA of the K-mean pass: fixed, so the summation order (and therefore
+// Rows of K summed by one warp of the K-mean pass: fixed, so the summation order (and therefore
 // the mean, bit for bit) depends only on the shape.
-constexpr int kKSumRows = 1024;
+constexpr int kKSumRows = 256;
 // The largest number of key blocks one selection CTA can rank (1024 threads x 16 keys).
 constexpr int kMaxKeyBlocks = 16384;
 
@@ -60,7 +60,7 @@ struct HeadValues {
 
 // Scratch, all fp32, carved from one allocation by the host entry.
 struct Scratch {
-  float* k_part = nullptr;  // [nseq, hk, nchunks, D]  K sums of kKSumRows-row chunks
+  float* k_part = nullptr;  // [nseq, hk, nchunks, D]  K sums of kKSumRows-row chunks (16-byte aligned rows)
   float* k_mean = nullptr;  // [nseq, hk, D]
   float* pk = nullptr;      // [nseq, hk, NK, D]  pooled (smoothed) K
   float* k_sim = nullptr;   // [nseq, hk, NK]
@@ -80,12 +80,11 @@ struct SelectRule {
 
 // Launchers (each checks its launch with cudaGetLastError and returns the error).
 // dtype_bf16 picks the element type of q / k.
-cudaError_t launch_k_sum(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
-cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st);
-// Pools Q (is_k = false: heads = hq, blocks of blkq) or K (heads = hk, blocks of blkk, shifted by
-// k_mean when smooth), writing pooled rows, similarities and the optional diagnostic output.
-cudaError_t launch_pool(const Geometry& g, const Rows& x, bool bf16, bool is_k, bool smooth, const Scratch& s,
-                        const Out<float>& maybe_sim, cudaStream_t st);
+// Pools Q (heads = hq, blocks of blkq) and K (heads = hk, blocks of blkk, shifted by the K mean
+// when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
+// similarities and the optional diagnostic outputs. Two or three launches (pool.cu).
+cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
+                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st);
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st);
 // Bytes of dynamic shared memory the selection kernel for nk key blocks needs (0: nk too large).
 std::size_t select_smem_bytes(std::int64_t nk);

@@ -1,12 +1,21 @@
 // The memory-bound part of the block map: the K mean (smooth_k) and the pooling / self-similarity
-// of every Q and K block. Together they read Q once and K twice (once for its mean, once for the
-// pooling of the smoothed rows, which needs the mean first), in 16-byte loads: a row of D values
-// is read by LANES = next_pow2(D / 8) consecutive threads, 8 values each.
+// of every Q and K block, in two passes over the inputs (docs/block_map_gpu.md):
+//   pass 1: Q pooling, and K sums of kKSumRows-row chunks (smooth_k) or K pooling (no smoothing);
+//   k_mean: the chunk sums of each (sequence, kv head) in chunk order, / k_len;
+//   pass 2 (smooth_k): K pooling of the rows shifted by the mean, in reverse item order, so that
+//           it starts on the K rows pass 1 read last (still in L2).
+// So Q is read once and K twice (the smoothed rows' similarity needs the mean first).
 //
-// Determinism: every sum has a fixed order. A thread accumulates its rows in row order, the
-// partial sums of the CTA's row groups are added in group order through shared memory, the K
-// chunks in chunk order, and the row norms / |sum of unit rows|^2 reduce with fixed shuffle
-// trees. Nothing depends on scheduling, so the pooled values are the same bits on every run.
+// One warp per work item (a Q / K block or a K chunk): no shared memory and no block barriers, so
+// a warp's loads overlap the other warps' arithmetic. A row of D values is read by LANES =
+// next_pow2(D / 8) consecutive lanes, 8 values (one 16-byte load) each; the warp reads
+// 32 / LANES rows per step and issues kBatch steps of loads before it adds any. Items are
+// numbered with the head fastest, so the warps in flight read whole token rows of the tensor
+// (all heads of a block of tokens): contiguous memory for the usual [B, S, H, D] layout.
+//
+// Determinism: every sum has a fixed order. A lane adds its rows in row order, the row groups of
+// the warp meet in a fixed shuffle tree, the K chunks are added in chunk order, and the row norms
+// and |sum of unit rows|^2 reduce with fixed shuffle trees. Nothing depends on scheduling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,63 +29,143 @@ namespace sparge::cuda::block_map {
 namespace {
 
 constexpr int kWarps = kPoolThreads / 32;
+constexpr int kBatch = 8;  // steps of 16-byte loads in flight per lane
 constexpr std::int64_t kMaxGrid = std::int64_t{1} << 30;
 
-int grid_for(std::int64_t work) { return static_cast<int>(work < kMaxGrid ? work : kMaxGrid); }
-
-// Adds the per-thread partial sums red[tid*8 + j] (thread tid = group * LANES + lane, lane owning
-// columns lane*8 .. lane*8+7) over the groups, in group order, for column d.
-template <int LANES>
-__device__ __forceinline__ float sum_groups(const float* red, int d) {
-  constexpr int kGroups = kPoolThreads / LANES;
-  const int lane = d / 8, j = d % 8;
-  float t = 0.0f;
-#pragma unroll 8
-  for (int grp = 0; grp < kGroups; ++grp) t += red[(grp * LANES + lane) * 8 + j];
-  return t;
+int grid_for(std::int64_t warps) {
+  const std::int64_t ctas = (warps + kWarps - 1) / kWarps;
+  return static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
 }
 
-// ---- K mean, pass 1: sums of kKSumRows-row chunks --------------------------------------------
+// One kind of work item over one tensor: item i = ((seq * nblk) + block) * heads + head.
+struct Segment {
+  Rows x;
+  bool is_k = false;              // rows of k (k_begin / k_len) or of q
+  bool pool = false;              // pooled mean + similarity; false: plain row sums (K mean chunks)
+  bool reverse = false;           // walk the items last to first
+  std::int64_t heads = 0, nblk = 0, count = 0;
+  int blk = 0;                    // rows per item
+  const float* shift = nullptr;   // [nseq, heads, D] subtracted from every row (smooth_k), or null
+  float* out = nullptr;           // [nseq, heads, nblk, D]: pooled rows or chunk sums
+  float* sim = nullptr;           // [nseq, heads, nblk] (pool)
+  Out<float> maybe_sim;           // optional diagnostic [B, heads, nblk]
+};
+
+struct PassArgs {
+  Geometry g;
+  Segment seg[2];  // items [0, seg[0].count), then [.., + seg[1].count)
+};
+
 template <class T, int LANES>
-__global__ void __launch_bounds__(kPoolThreads) k_sum_kernel(Geometry g, Rows k, Scratch s) {
-  constexpr int kGroups = kPoolThreads / LANES;
-  constexpr int kInFlight = 8;  // rows loaded before they are added: 8 x 16 bytes per thread
-  __shared__ float red[kPoolThreads * 8];
-  const int tid = static_cast<int>(threadIdx.x);
-  const int lane = tid % LANES, grp = tid / LANES;
-  const bool col_ok = lane < g.d / 8;
-  const std::int64_t total = g.nseq * g.hk * s.nchunks;
-  for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
-    const std::int64_t chunk = w % s.nchunks, h = (w / s.nchunks) % g.hk, si = w / (s.nchunks * g.hk);
+__global__ void __launch_bounds__(kPoolThreads, 3) pass_kernel(const __grid_constant__ PassArgs a) {
+  constexpr int kRowsPerStep = 32 / LANES;
+  const Geometry& g = a.g;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int sub = lane % LANES, grp = lane / LANES;
+  const bool col_ok = sub < g.d / 8;
+  const std::int64_t total = a.seg[0].count + a.seg[1].count;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
+  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < total; w += stride) {
+    const bool first = w < a.seg[0].count;
+    const Segment& sg = first ? a.seg[0] : a.seg[1];
+    std::int64_t i = first ? w : w - a.seg[0].count;
+    if (sg.reverse) i = sg.count - 1 - i;
+    const std::int64_t h = i % sg.heads, b = (i / sg.heads) % sg.nblk, si = i / (sg.heads * sg.nblk);
+    const std::int64_t o = (si * sg.heads + h) * sg.nblk + b;  // output row
     const Seq seq = sequence(g, si);
-    const std::int64_t r0 = chunk * kKSumRows;
-    const int n = static_cast<int>(clamp64(seq.k_len - r0, 0, kKSumRows));
-    float sum[8] = {};
-    for (int base = grp; base < n; base += kInFlight * kGroups) {
-      uint4 raw[kInFlight];
+    const std::int64_t len = sg.is_k ? seq.k_len : seq.q_len;
+    const std::int64_t begin = (sg.is_k ? seq.k_begin : seq.q_begin) + b * sg.blk;
+    const int n = static_cast<int>(clamp64(len - b * sg.blk, 0, sg.blk));
+
+    float shift[8] = {};
+    if (sg.shift != nullptr && col_ok) {
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int r = base + u * kGroups;
-        raw[u] = (col_ok && r < n) ? load8(k, seq.batch, seq.k_begin + r0 + r, h, lane) : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < 8; ++j) shift[j] = sg.shift[(si * sg.heads + h) * g.d + sub * 8 + j];
+    }
+    float sum[8] = {}, unit[8] = {};
+    // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
+    for (int s0 = 0; s0 < n; s0 += kBatch * kRowsPerStep) {
+      uint4 raw[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = s0 + u * kRowsPerStep + grp;
+        raw[u] = (col_ok && r < n) ? load8(sg.x, seq.batch, begin + r, h, sub) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        if (!(col_ok && base + u * kGroups < n)) continue;
-        float x[8];
-        unpack8<T>(raw[u], x);
+      for (int u = 0; u < kBatch; ++u) {
+        const bool valid = col_ok && s0 + u * kRowsPerStep + grp < n;
+        float v[8];
+        unpack8<T>(raw[u], v);
+        if (!sg.pool) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sum[j] += x[j];
+          for (int j = 0; j < 8; ++j) sum[j] += valid ? v[j] : 0.0f;
+          continue;
+        }
+        float n2 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          v[j] = valid ? v[j] - shift[j] : 0.0f;
+          n2 = fmaf(v[j], v[j], n2);
+        }
+        // |row|^2 over the LANES lanes of the row (every lane of the warp takes part).
+#pragma unroll
+        for (int x = LANES / 2; x > 0; x >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, x);
+        if (valid) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sum[j] += v[j];
+          // A zero row adds nothing to the sum of unit rows (but counts in n).
+          if (n2 > 0.0f) {
+            const float inv = 1.0f / sqrtf(n2);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], inv, unit[j]);
+          }
+        }
       }
     }
+    // The row groups of the warp, in a fixed tree; lanes of group 0 end with the totals.
 #pragma unroll
-    for (int j = 0; j < 8; ++j) red[tid * 8 + j] = sum[j];
-    __syncthreads();
-    for (int d = tid; d < g.d; d += kPoolThreads) s.k_part[w * g.d + d] = sum_groups<LANES>(red, d);
-    __syncthreads();  // red is rewritten by the next work item
+    for (int x = LANES; x < 32; x <<= 1) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], x);
+        unit[j] += __shfl_xor_sync(0xffffffffu, unit[j], x);
+      }
+    }
+    const bool writer = grp == 0 && col_ok;
+    float* out = sg.out + o * g.d + sub * 8;  // 32-byte aligned: D % 8 == 0, regions 256-byte aligned
+    if (!sg.pool) {
+      if (writer) {
+        reinterpret_cast<float4*>(out)[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
+        reinterpret_cast<float4*>(out)[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
+      }
+      continue;
+    }
+    float u2 = 0.0f;
+    if (writer) {
+      float p[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        p[j] = n > 0 ? sum[j] / static_cast<float>(n) : 0.0f;
+        u2 = fmaf(unit[j], unit[j], u2);
+      }
+      reinterpret_cast<float4*>(out)[0] = make_float4(p[0], p[1], p[2], p[3]);
+      reinterpret_cast<float4*>(out)[1] = make_float4(p[4], p[5], p[6], p[7]);
+    }
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) u2 += __shfl_xor_sync(0xffffffffu, u2, x);
+    if (lane == 0) {
+      const float fn = static_cast<float>(n);
+      const float sim = n > 0 ? u2 / (fn * fn) : 0.0f;
+      sg.sim[o] = sim;
+      if (sg.maybe_sim.data != nullptr) {
+        const Out<float>& m = sg.maybe_sim;
+        m.data[si * m.stride[0] + h * m.stride[1] + b * m.stride[2]] = sim;
+      }
+    }
   }
 }
 
-// ---- K mean, pass 2: chunks in order, / k_len ---------------------------------------------------
+// ---- K mean: the chunk sums of one (sequence, kv head) in chunk order, / k_len ----------------
 __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratch s) {
   __shared__ float red[kPoolThreads];
   const int tid = static_cast<int>(threadIdx.x);
@@ -87,6 +176,7 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
     const Seq seq = sequence(g, w / g.hk);
     float acc = 0.0f;
     if (grp < groups) {
+#pragma unroll 8
       for (std::int64_t c = grp; c < s.nchunks; c += groups) acc += s.k_part[(w * s.nchunks + c) * g.d + d];
     }
     red[tid] = acc;
@@ -100,117 +190,19 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
   }
 }
 
-// ---- pooling and self-similarity of Q or K blocks ----------------------------------------------
-struct PoolArgs {
-  Geometry g;
-  Rows x;
-  bool is_k;
-  const float* shift;  // k_mean [nseq, hk, D] (smooth_k), else nullptr
-  float* pooled;       // [nseq, heads, nblk, D]
-  float* sim;          // [nseq, heads, nblk]
-  Out<float> maybe_sim;
-};
-
-template <class T, int LANES>
-__global__ void __launch_bounds__(kPoolThreads) pool_kernel(PoolArgs a) {
-  constexpr int kGroups = kPoolThreads / LANES;
-  constexpr int kIters = (128 + kGroups - 1) / kGroups;  // enough for the largest block (128 rows)
-  __shared__ float red_sum[kPoolThreads * 8];
-  __shared__ float red_unit[kPoolThreads * 8];
-  __shared__ float warp_part[kWarps];
-  const Geometry& g = a.g;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int lane = tid % LANES, grp = tid / LANES;
-  const bool col_ok = lane < g.d / 8;
-  const std::int64_t heads = a.is_k ? g.hk : g.hq;
-  const std::int64_t nblk = a.is_k ? g.nk : g.nq;
-  const int blk = a.is_k ? g.blkk : g.blkq;
-  const std::int64_t total = g.nseq * heads * nblk;
-  for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
-    const std::int64_t b = w % nblk, h = (w / nblk) % heads, si = w / (nblk * heads);
-    const Seq seq = sequence(g, si);
-    const std::int64_t len = a.is_k ? seq.k_len : seq.q_len;
-    const std::int64_t begin = a.is_k ? seq.k_begin : seq.q_begin;
-    const std::int64_t r0 = b * blk;
-    const int n = static_cast<int>(clamp64(len - r0, 0, blk));
-
-    float shift[8] = {};
-    if (a.shift != nullptr && col_ok) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) shift[j] = a.shift[(si * heads + h) * g.d + lane * 8 + j];
-    }
-    // All loads first (up to kIters x 16 bytes in flight per thread), then the arithmetic.
-    uint4 raw[kIters];
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int r = grp + it * kGroups;
-      raw[it] = (col_ok && r < n) ? load8(a.x, seq.batch, begin + r0 + r, h, lane) : make_uint4(0, 0, 0, 0);
-    }
-    float sum[8] = {}, unit[8] = {};
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const bool valid = col_ok && grp + it * kGroups < n;
-      float v[8];
-      unpack8<T>(raw[it], v);
-      float n2 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        v[j] = valid ? v[j] - shift[j] : 0.0f;
-        n2 = fmaf(v[j], v[j], n2);
-      }
-      // |row|^2 over the LANES threads of the row; every thread of the warp takes part.
-#pragma unroll
-      for (int o = LANES / 2; o > 0; o >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, o);
-      if (valid) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sum[j] += v[j];
-        // A zero row adds nothing to the sum of unit rows (but counts in n).
-        if (n2 > 0.0f) {
-          const float inv = 1.0f / sqrtf(n2);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], inv, unit[j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      red_sum[tid * 8 + j] = sum[j];
-      red_unit[tid * 8 + j] = unit[j];
-    }
-    __syncthreads();
-    float u2 = 0.0f;
-    if (tid < g.d) {  // D <= kPoolThreads: one column per thread
-      const float total_sum = sum_groups<LANES>(red_sum, tid);
-      const float total_unit = sum_groups<LANES>(red_unit, tid);
-      a.pooled[w * g.d + tid] = n > 0 ? total_sum / static_cast<float>(n) : 0.0f;
-      u2 = total_unit * total_unit;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) u2 += __shfl_xor_sync(0xffffffffu, u2, o);
-    if (tid % 32 == 0) warp_part[tid / 32] = u2;
-    __syncthreads();
-    if (tid == 0) {
-      float t = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kWarps; ++i) t += warp_part[i];
-      const float fn = static_cast<float>(n);
-      const float sim = n > 0 ? t / (fn * fn) : 0.0f;
-      a.sim[w] = sim;
-      if (a.maybe_sim.data != nullptr) {
-        a.maybe_sim.data[si * a.maybe_sim.stride[0] + h * a.maybe_sim.stride[1] + b * a.maybe_sim.stride[2]] = sim;
-      }
-    }
-    __syncthreads();  // red_* and warp_part are rewritten by the next work item
-  }
-}
-
 // The 16-bit element type and the lanes per row, as template arguments.
-template <template <class, int> class Launch, class... Args>
-cudaError_t dispatch(bool bf16, std::int64_t d, Args&&... args) {
-  const std::int64_t cols = d / 8;
+cudaError_t launch_pass(bool bf16, const PassArgs& a, cudaStream_t st) {
+  const std::int64_t items = a.seg[0].count + a.seg[1].count;
+  if (items == 0) return cudaSuccess;
+  const std::int64_t cols = a.g.d / 8;
   const auto go = [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
-    return bf16 ? Launch<__nv_bfloat16, L>::run(args...) : Launch<__half, L>::run(args...);
+    if (bf16) {
+      pass_kernel<__nv_bfloat16, L><<<grid_for(items), kPoolThreads, 0, st>>>(a);
+    } else {
+      pass_kernel<__half, L><<<grid_for(items), kPoolThreads, 0, st>>>(a);
+    }
+    return cudaGetLastError();
   };
   if (cols <= 1) return go(std::integral_constant<int, 1>{});
   if (cols <= 2) return go(std::integral_constant<int, 2>{});
@@ -220,44 +212,57 @@ cudaError_t dispatch(bool bf16, std::int64_t d, Args&&... args) {
   return go(std::integral_constant<int, 32>{});
 }
 
-template <class T, int L>
-struct KSumLaunch {
-  static cudaError_t run(const Geometry& g, const Rows& k, const Scratch& s, cudaStream_t st) {
-    const std::int64_t work = g.nseq * g.hk * s.nchunks;
-    k_sum_kernel<T, L><<<grid_for(work), kPoolThreads, 0, st>>>(g, k, s);
-    return cudaGetLastError();
-  }
-};
-
-template <class T, int L>
-struct PoolLaunch {
-  static cudaError_t run(const PoolArgs& a, std::int64_t work, cudaStream_t st) {
-    pool_kernel<T, L><<<grid_for(work), kPoolThreads, 0, st>>>(a);
-    return cudaGetLastError();
-  }
-};
+Segment pool_segment(const Geometry& g, const Rows& x, bool is_k, const float* shift, const Scratch& s,
+                     const Out<float>& maybe_sim) {
+  Segment sg;
+  sg.x = x;
+  sg.is_k = is_k;
+  sg.pool = true;
+  sg.heads = is_k ? g.hk : g.hq;
+  sg.nblk = is_k ? g.nk : g.nq;
+  sg.count = g.nseq * sg.heads * sg.nblk;
+  sg.blk = is_k ? g.blkk : g.blkq;
+  sg.shift = shift;
+  sg.out = is_k ? s.pk : s.pq;
+  sg.sim = is_k ? s.k_sim : s.q_sim;
+  sg.maybe_sim = maybe_sim;
+  return sg;
+}
 
 }  // namespace
 
-cudaError_t launch_k_sum(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st) {
-  if (g.nseq * g.hk * s.nchunks == 0) return cudaSuccess;
-  return dispatch<KSumLaunch>(bf16, g.d, g, k, s, st);
-}
+cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
+                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st) {
+  PassArgs p1;
+  p1.g = g;
+  p1.seg[0] = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
+  if (!smooth) {
+    p1.seg[1] = pool_segment(g, k, true, nullptr, s, maybe_k_sim);
+    return launch_pass(bf16, p1, st);
+  }
+  Segment& sums = p1.seg[1];
+  sums.x = k;
+  sums.is_k = true;
+  sums.pool = false;
+  sums.heads = g.hk;
+  sums.nblk = s.nchunks;
+  sums.count = g.nseq * g.hk * s.nchunks;
+  sums.blk = kKSumRows;
+  sums.out = s.k_part;
+  cudaError_t e = launch_pass(bf16, p1, st);
+  if (e != cudaSuccess) return e;
 
-cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st) {
-  const std::int64_t work = g.nseq * g.hk;
-  if (work == 0) return cudaSuccess;
-  k_mean_kernel<<<grid_for(work), kPoolThreads, 0, st>>>(g, s);
-  return cudaGetLastError();
-}
+  if (g.nseq * g.hk > 0) {
+    const std::int64_t work = g.nseq * g.hk;
+    k_mean_kernel<<<static_cast<int>(work < kMaxGrid ? work : kMaxGrid), kPoolThreads, 0, st>>>(g, s);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
 
-cudaError_t launch_pool(const Geometry& g, const Rows& x, bool bf16, bool is_k, bool smooth, const Scratch& s,
-                        const Out<float>& maybe_sim, cudaStream_t st) {
-  PoolArgs a{g, x, is_k, is_k && smooth ? s.k_mean : nullptr, is_k ? s.pk : s.pq, is_k ? s.k_sim : s.q_sim,
-             maybe_sim};
-  const std::int64_t work = g.nseq * (is_k ? g.hk * g.nk : g.hq * g.nq);
-  if (work == 0) return cudaSuccess;
-  return dispatch<PoolLaunch>(bf16, g.d, a, work, st);
+  PassArgs p2;
+  p2.g = g;
+  p2.seg[0] = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
+  p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
+  return launch_pass(bf16, p2, st);
 }
 
 }  // namespace sparge::cuda::block_map

@@ -13,6 +13,12 @@
 //   4. An exclusive scan of the keep flags in block order writes the ascending LUT row, -1 after.
 // Nothing uses float atomics; the one atomic (atomicMin on an int rank) has an order-independent
 // result, so a row's output is the same on every run.
+//
+// Rows of at most 256 key blocks (the common case: Sk <= 32k at blkk = 128) take a lighter path,
+// one warp per row (select_warp_kernel): lane l holds key blocks l, l + 32, ...; the rank of each
+// rankable key is the number of smaller keys (the same strict total order, by counting instead of
+// sorting), the cdf scan runs over the scores placed at their ranks, and the LUT row comes from
+// ballots. No block barriers, and 4 rows per 128-thread CTA.
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -190,6 +196,152 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
   }
 }
 
+
+// ---- one warp per row, for rows of at most 32 * IPT key blocks --------------------------------
+constexpr int kRowWarps = 4;  // rows per CTA
+
+template <int IPT>
+struct WarpShared {
+  std::uint64_t key[kRowWarps][32 * IPT];
+  float e[kRowWarps][32 * IPT];
+  float top[kRowWarps];
+};
+
+template <int IPT>
+__global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __grid_constant__ SelectArgs a) {
+  constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  __shared__ WarpShared<IPT> sh;
+  const Geometry& g = a.g;
+  const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
+  std::uint64_t* keys = sh.key[wid];
+  const std::int64_t total = g.nseq * g.hq * g.nq;
+  const std::int64_t group = g.hq / g.hk;
+  const bool has_threshold = a.rule.has_threshold;
+  const unsigned lanes_below = (1u << lane) - 1u;
+
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + wid; row < total;
+       row += static_cast<std::int64_t>(gridDim.x) * kRowWarps) {
+    const std::int64_t qb = row % g.nq, h = (row / g.nq) % g.hq, si = row / (g.nq * g.hq);
+    const Seq seq = sequence(g, si);
+    const int nv = static_cast<int>(visible_blocks(g, seq, qb));
+    const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
+    const bool forced_row = has_threshold && nv > 0 && !(a.s.q_sim[row] > threshold);
+    const float* scores = a.s.scores + row * g.nk;
+    const float* k_sim = a.s.k_sim + (si * g.hk + h / group) * g.nk;
+
+    // ---- 1. items: key = (~order_bits(S) << 32) | kb, ascending = the CPU's order ------------
+    float sc[IPT];
+    std::uint64_t key[IPT];
+    bool keep[IPT];
+    int rankable = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+      const int kb = lane + 32 * i;
+      float s = -INFINITY;
+      bool forced_col = false;
+      if (kb < nv) {
+        forced_col = has_threshold && !(k_sim[kb] > threshold);
+        s = forced_col ? -INFINITY : scores[kb];
+      }
+      const bool rank_me = kb < nv && isfinite(s);
+      sc[i] = s;
+      key[i] = rank_me ? (static_cast<std::uint64_t>(~order_bits(s)) << 32) | static_cast<std::uint64_t>(kb) : kNone;
+      keys[kb] = key[i];
+      keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
+      rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
+      if (a.maybe_scores.data != nullptr && kb < g.nk) {
+        const Out<float>& o = a.maybe_scores;
+        o.data[si * o.stride[0] + h * o.stride[1] + qb * o.stride[2] + kb * o.stride[3]] = s;
+      }
+    }
+    __syncwarp();
+    const int r = rankable;  // the same in every lane
+
+    // ---- 2./3. ranks by counting smaller keys, then the rule (uniform over the warp) ---------
+    if (!forced_row && r > 0) {
+      int rank[IPT] = {};
+      // Keys past nv are kNone and never smaller than a rankable key.
+      for (int j = 0; j < nv; ++j) {
+        const std::uint64_t kj = keys[j];
+#pragma unroll
+        for (int i = 0; i < IPT; ++i) rank[i] += kj < key[i] ? 1 : 0;
+      }
+      int n;
+      const float value = a.rule.value[h];
+      if (a.rule.use_topk) {
+        const auto want = static_cast<std::int64_t>(floor(static_cast<double>(value) * static_cast<double>(nv)));
+        n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
+      } else {
+        float* e = sh.e[wid];
+#pragma unroll
+        for (int i = 0; i < IPT; ++i) {
+          if (key[i] != kNone && rank[i] == 0) sh.top[wid] = sc[i];
+        }
+        __syncwarp();
+        const float top = sh.top[wid];
+#pragma unroll
+        for (int i = 0; i < IPT; ++i) {
+          if (key[i] != kNone) e[rank[i]] = expf(sc[i] - top);
+        }
+        __syncwarp();
+        // Inclusive sum in rank order: lane l holds ranks l*IPT .. l*IPT+IPT-1.
+        float cum[IPT], local = 0.0f;
+#pragma unroll
+        for (int t = 0; t < IPT; ++t) {
+          local += lane * IPT + t < r ? e[lane * IPT + t] : 0.0f;
+          cum[t] = local;
+        }
+        float incl = local;
+#pragma unroll
+        for (int x = 1; x < 32; x <<= 1) {
+          const float y = __shfl_up_sync(0xffffffffu, incl, x);
+          if (lane >= x) incl += y;
+        }
+        const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+        const float z = __shfl_sync(0xffffffffu, incl, 31);
+        int cross = INT_MAX;
+#pragma unroll
+        for (int t = 0; t < IPT; ++t) {
+          const int rk = lane * IPT + t;
+          const float c = lane > 0 ? before + cum[t] : cum[t];
+          if (cross == INT_MAX && rk < r && c / z >= value) cross = rk;
+        }
+        cross = __reduce_min_sync(0xffffffffu, cross);
+        n = cross == INT_MAX ? r : cross + 1;
+      }
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) {
+        if (key[i] != kNone && rank[i] < n) keep[i] = true;
+      }
+    }
+
+    // ---- 4. the LUT row: kept blocks ascending (ballots in block order), then -1 ---------------
+    const Out<std::int32_t>& lut = a.lut;
+    std::int32_t* lut_row = lut.data + si * lut.stride[0] + h * lut.stride[1] + qb * lut.stride[2];
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+      const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
+      if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
+      count += __popc(bal);
+    }
+    for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
+    if (lane == 0) {
+      a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
+    }
+    __syncwarp();  // keys / e / top are rewritten for the next row
+  }
+}
+
+template <int IPT>
+cudaError_t launch_warp(const SelectArgs& a, cudaStream_t st) {
+  const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
+  if (rows == 0) return cudaSuccess;
+  const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
+  select_warp_kernel<IPT><<<static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid), 32 * kRowWarps, 0, st>>>(a);
+  return cudaGetLastError();
+}
+
 template <int NT, int IPT>
 std::size_t smem_bytes() {
   return sizeof(typename Tier<NT, IPT>::Shared);
@@ -212,11 +364,14 @@ cudaError_t launch(const SelectArgs& a, cudaStream_t st) {
 
 }  // namespace
 
-// Tiers by row length. The capacity changes speed only: keys are unique and the sort is total.
+// Tiers by row length. The capacity changes speed only: keys are unique and the order is total.
 std::size_t select_smem_bytes(std::int64_t nk) {
-  if (nk <= 256) return smem_bytes<128, 2>();
+  if (nk <= 128) return sizeof(WarpShared<4>);
+  if (nk <= 256) return sizeof(WarpShared<8>);
   if (nk <= 1024) return smem_bytes<256, 4>();
+  if (nk <= 2048) return smem_bytes<256, 8>();
   if (nk <= 4096) return smem_bytes<512, 8>();
+  if (nk <= 8192) return smem_bytes<1024, 8>();
   if (nk <= kMaxKeyBlocks) return smem_bytes<1024, 16>();
   return 0;
 }
@@ -224,9 +379,12 @@ std::size_t select_smem_bytes(std::int64_t nk) {
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st) {
   const SelectArgs a{g, rule, s, lut, counts, maybe_scores};
-  if (g.nk <= 256) return launch<128, 2>(a, st);
+  if (g.nk <= 128) return launch_warp<4>(a, st);
+  if (g.nk <= 256) return launch_warp<8>(a, st);
   if (g.nk <= 1024) return launch<256, 4>(a, st);
+  if (g.nk <= 2048) return launch<256, 8>(a, st);
   if (g.nk <= 4096) return launch<512, 8>(a, st);
+  if (g.nk <= 8192) return launch<1024, 8>(a, st);
   return launch<1024, 16>(a, st);
 }
 
