@@ -85,6 +85,14 @@ struct SelectRule {
 // similarities and the optional diagnostic outputs. Two or three launches (pool.cu).
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st);
+// The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
+// context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
+// them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into
+// s.k_mean; the pooling of Q (is_k = false) or of K shifted by `shift` ([nseq, hk, D], or null).
+cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st);
+cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is_k, const float* shift, const Scratch& s,
+                            cudaStream_t st);
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st);
 // Bytes of dynamic shared memory the selection kernel for nk key blocks needs (0: nk too large).
 std::size_t select_smem_bytes(std::int64_t nk);

@@ -229,7 +229,43 @@ Segment pool_segment(const Geometry& g, const Rows& x, bool is_k, const float* s
   return sg;
 }
 
+// The K sums of kKSumRows-row chunks (the first step of the K mean).
+Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
+  Segment sums;
+  sums.x = k;
+  sums.is_k = true;
+  sums.pool = false;
+  sums.heads = g.hk;
+  sums.nblk = s.nchunks;
+  sums.count = g.nseq * g.hk * s.nchunks;
+  sums.blk = kKSumRows;
+  sums.out = s.k_part;
+  return sums;
+}
+
 }  // namespace
+
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st) {
+  const std::int64_t work = g.nseq * g.hk;
+  if (work == 0) return cudaSuccess;
+  k_mean_kernel<<<static_cast<int>(work < kMaxGrid ? work : kMaxGrid), kPoolThreads, 0, st>>>(g, s);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st) {
+  PassArgs a;
+  a.g = g;
+  a.seg[0] = k_sums_segment(g, k, s);
+  return launch_pass(bf16, a, st);
+}
+
+cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is_k, const float* shift, const Scratch& s,
+                            cudaStream_t st) {
+  PassArgs a;
+  a.g = g;
+  a.seg[0] = pool_segment(g, x, is_k, shift, s, Out<float>{});
+  return launch_pass(bf16, a, st);
+}
 
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st) {
@@ -240,23 +276,10 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     p1.seg[1] = pool_segment(g, k, true, nullptr, s, maybe_k_sim);
     return launch_pass(bf16, p1, st);
   }
-  Segment& sums = p1.seg[1];
-  sums.x = k;
-  sums.is_k = true;
-  sums.pool = false;
-  sums.heads = g.hk;
-  sums.nblk = s.nchunks;
-  sums.count = g.nseq * g.hk * s.nchunks;
-  sums.blk = kKSumRows;
-  sums.out = s.k_part;
+  p1.seg[1] = k_sums_segment(g, k, s);
   cudaError_t e = launch_pass(bf16, p1, st);
   if (e != cudaSuccess) return e;
-
-  if (g.nseq * g.hk > 0) {
-    const std::int64_t work = g.nseq * g.hk;
-    k_mean_kernel<<<static_cast<int>(work < kMaxGrid ? work : kMaxGrid), kPoolThreads, 0, st>>>(g, s);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
+  if ((e = launch_k_mean(g, s, st)) != cudaSuccess) return e;
 
   PassArgs p2;
   p2.g = g;
