@@ -33,6 +33,27 @@ struct BlockIter {
   }
 };
 
+// The pipeline's unit: key tiles of kTileK keys. With kSub = BLKK / kTileK > 1 (pv_threshold off)
+// each LUT block is walked as its kSub sub-tiles in order, dropping the trailing ones no row can
+// see (past sk or in the causal future: they would contribute exact zeros); a block the block
+// iterator returns always has its first sub-tile visible. Tile t covers keys [t * kTileK, ...).
+template <int kSub>
+struct TileIter {
+  BlockIter blocks;
+  int visible_tiles = 0;
+  int block = -1;
+  int sub = 0;
+
+  __device__ __forceinline__ int next() {
+    if constexpr (kSub > 1) {
+      if (block >= 0 && sub + 1 < kSub && block * kSub + sub + 1 < visible_tiles) return block * kSub + ++sub;
+    }
+    block = blocks.next();
+    sub = 0;
+    return block < 0 ? -1 : block * kSub;
+  }
+};
+
 // visible = number of leading key blocks that hold a key seen by some row of [q0, q0 + rows),
 // given the sequence's lengths (causal bound j <= i + sk - sq, bottom-right aligned).
 __device__ __forceinline__ int visible_blocks(int q0, int rows, int sq, int sk, int blkk, bool causal) {

@@ -11,15 +11,18 @@
 
 namespace sparge::cuda::attn {
 
-// row_in_seq[r]: the sequence position of accumulator row r (g, g+8), o_row[r] its element offset
-// in o; rows at or past sq are not written.
-template <class T, int kDTiles>
-__device__ __forceinline__ void store_output(const KernelParams& p, float (&o)[kDTiles][4], const float (&m)[2],
-                                             const float (&l)[2], const int (&row_in_seq)[2], int sq,
-                                             const std::int64_t (&o_row)[2], std::int64_t lse_base, int lane) {
+// row_in_seq[r]: the sequence position of accumulator row r (2 * M tile + half: g, g + 8 of each M
+// tile), o_row[r] its element offset in o; rows at or past sq are not written.
+template <class T, int kMTiles, int kDTiles>
+__device__ __forceinline__ void store_output(const KernelParams& p, float (&o)[kMTiles][kDTiles][4],
+                                             const float (&m)[2 * kMTiles], const float (&l)[2 * kMTiles],
+                                             const int (&row_in_seq)[2 * kMTiles], int sq,
+                                             const std::int64_t (&o_row)[2 * kMTiles], std::int64_t lse_base,
+                                             int lane) {
   const int t = lane & 3;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 2 * kMTiles; ++r) {
+    const int mt = r / 2, e0 = 2 * (r % 2);
     const float l_row = quad_sum(l[r]);
     // l is a sum of non-negative terms; l <= 0 also catches -0.0 (a float compare, not bits).
     const bool empty = !(l_row > 0.0f);
@@ -29,13 +32,13 @@ __device__ __forceinline__ void store_output(const KernelParams& p, float (&o)[k
       float* dst = static_cast<float*>(p.o) + o_row[r];
 #pragma unroll
       for (int j = 0; j < kDTiles; ++j) {
-        *reinterpret_cast<float2*>(dst + j * 8 + 2 * t) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        *reinterpret_cast<float2*>(dst + j * 8 + 2 * t) = make_float2(o[mt][j][e0] * inv, o[mt][j][e0 + 1] * inv);
       }
     } else {
       T* dst = static_cast<T*>(p.o) + o_row[r];
 #pragma unroll
       for (int j = 0; j < kDTiles; ++j) {
-        *reinterpret_cast<std::uint32_t*>(dst + j * 8 + 2 * t) = Elem<T>::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        *reinterpret_cast<std::uint32_t*>(dst + j * 8 + 2 * t) = Elem<T>::pack(o[mt][j][e0] * inv, o[mt][j][e0 + 1] * inv);
       }
     }
     if (p.lse != nullptr && t == 0) {

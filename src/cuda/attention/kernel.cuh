@@ -2,9 +2,10 @@
 // owns), the block iterator (which key blocks it visits), the mainloop (loads and products), the
 // online softmax and the epilogue. Included only by the generated instantiation units (inst/).
 //
-// Pipeline per visited key block i (two shared-memory stages each for K and V; one cp.async group
-// per tile, committed in the order Q, K0, V0, K1, V1, ...; a group is committed even when there is
-// nothing to load, so the wait counts below hold on every iteration):
+// Pipeline per visited key tile i (a LUT block, or one of its 64-key sub-tiles when pv_threshold is
+// off; two shared-memory stages each for K and V; one cp.async group per tile, committed in the
+// order Q, K0, V0, K1, V1, ...; a group is committed even when there is nothing to load, so the wait
+// counts below hold on every iteration):
 //   wait_group 1 (K_i landed, V_i may fly), barrier        -> K_i visible to all warps
 //   issue K_{i+1} into the other K stage                    (its last reader, S_{i-1}, finished
 //                                                           before the vote barrier of i-1)
@@ -32,15 +33,18 @@ namespace sparge::cuda::attn {
 
 template <class Tr>
 struct MinBlocks {
-  // hd 64 with 8 warps fits in 128 registers (Q 16 + O 32 + S 32 live values): ask for two CTAs
-  // per SM. Larger tiles keep the compiler's full register budget rather than risk spills.
-  static constexpr int value = (Tr::kHeadDim == 64 && Tr::kBlockQ == 128 && Tr::kBlockK == 64) ? 2 : 1;
+  // Two CTAs per SM: free for 4-warp CTAs (two of them fit in the register file at ptxas's 255-register
+  // cap) and for hd 64 with 8 warps and 64-key tiles (fits in 128 registers: Q 16 + O 32 + S 32 live
+  // values). Other 8-warp tiles keep the compiler's full register budget rather than risk spills.
+  static constexpr int value =
+      Tr::kMinCtas > 0 ? Tr::kMinCtas : (Tr::kThreads <= 128 || (Tr::kHeadDim == 64 && Tr::kTileK == 64)) ? 2 : 1;
 };
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, MinBlocks<Tr>::value)
     attention_kernel(const __grid_constant__ KernelParams p) {
   using T = typename Tr::T;
+  constexpr int kRows = Tr::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t q_smem = smem_addr(smem);
   const std::uint32_t k_smem0 = q_smem + Tr::kQBytes;
@@ -81,59 +85,69 @@ __global__ void __launch_bounds__(Tr::kThreads, MinBlocks<Tr>::value)
   const T* v_g = static_cast<const T*>(p.v) + b_dim0 * p.v_stride[0] + static_cast<std::int64_t>(k_begin) * p.v_stride[1] +
                  hk * p.v_stride[2];
 
-  // ---- block iterator
+  // ---- block and tile iterators
   const int visible = visible_blocks(q0, rows, sq, sk, Tr::kBlockK, p.is_causal);
-  BlockIter it = p.lut == nullptr
-                     ? make_dense_iter(visible)
-                     : make_lut_iter(p.lut + b * p.lut_stride[0] + h * p.lut_stride[1] + qb * p.lut_stride[2],
-                                     p.lut_stride[3], p.counts[b * p.counts_stride[0] + h * p.counts_stride[1] +
-                                                               qb * p.counts_stride[2]],
-                                     p.nk_lut, visible);
+  TileIter<Tr::kSubTiles> it;
+  it.blocks = p.lut == nullptr
+                  ? make_dense_iter(visible)
+                  : make_lut_iter(p.lut + b * p.lut_stride[0] + h * p.lut_stride[1] + qb * p.lut_stride[2],
+                                  p.lut_stride[3], p.counts[b * p.counts_stride[0] + h * p.counts_stride[1] +
+                                                            qb * p.counts_stride[2]],
+                                  p.nk_lut, visible);
+  it.visible_tiles = visible_blocks(q0, rows, sq, sk, Tr::kTileK, p.is_causal);
 
-  // Per accumulator row (g, g + 8): its position in the sequence and the last key it sees.
-  int row_in_seq[2], key_limit[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_in_seq[r] = q0 + warp * 16 + (lane >> 2) + 8 * r;
-    const long long causal_bound = static_cast<long long>(row_in_seq[r]) + sk - sq;
-    key_limit[r] = p.is_causal && causal_bound < sk - 1 ? static_cast<int>(causal_bound < -1 ? -1 : causal_bound)
-                                                        : sk - 1;
+  // The sequence position of the thread's first accumulator row; row r (M tile r / 2, g or g + 8)
+  // sits at row0 + row_offset(r).
+  const int row0 = q0 + warp * Tr::kWarpRows + (lane >> 2);
+  auto row_offset = [](int r) { return (r / 2) * 16 + 8 * (r % 2); };
+  // pv_threshold is decided per LUT block, so only whole-block tiles can skip (the launcher never
+  // runs a sub-tiled shape with pv_threshold on). The query block's own rows decide; padding rows
+  // past sq are not rows of it.
+  const bool use_pv = Tr::kSubTiles == 1 && p.use_pv_threshold;
+  const float pv_thr = !use_pv ? 0.0f : p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[h] : p.pv_threshold;
+  // A tile needs per-element masks when it crosses sk or (causal) the first row's bound
+  // q0 + sk - sq; both hold from some tile index on, so one index decides (tiles come in LUT order).
+  // |q0 + sk - sq| < 2^30 (the entry caps lengths at 2^30), so int arithmetic is exact.
+  int first_masked_tile = sk / Tr::kTileK;  // the first tile that reaches past sk - 1
+  if (p.is_causal) {
+    const int bound = q0 + sk - sq;  // the last key the first row sees
+    // the first tile whose last key k0 + kTileK - 1 exceeds bound
+    const int t = bound < 0 ? 0 : (bound + 1) / Tr::kTileK;
+    first_masked_tile = min(first_masked_tile, t);
   }
-  // The query block's own rows decide pv_threshold; padding rows past sq are not rows of it.
-  const bool row_real[2] = {row_in_seq[0] < sq, row_in_seq[1] < sq};
-  const float pv_thr = p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[h] : p.pv_threshold;
-  // A tile needs per-element masks when it crosses sk or (causal) the first row's bound.
-  const long long first_row_bound = static_cast<long long>(q0) + sk - sq;
 
   // ---- prologue: Q, K0, V0
   load_tile<Tr, Tr::kBlockQ>(q_smem, q_g, p.q_stride[1], rows, p.q, tid);
   cp_async_commit();
-  int kb = it.next();
-  if (kb >= 0) {
-    const int k0 = kb * Tr::kBlockK;
-    load_tile<Tr, Tr::kBlockK>(k_smem0, k_g + k0 * p.k_stride[1], p.k_stride[1], sk - k0, p.k, tid);
+  int kt = it.next();
+  if (kt >= 0) {
+    const int k0 = kt * Tr::kTileK;
+    load_tile<Tr, Tr::kTileK>(k_smem0, k_g + k0 * p.k_stride[1], p.k_stride[1], sk - k0, p.k, tid);
   }
   cp_async_commit();
-  if (kb >= 0) {
-    const int k0 = kb * Tr::kBlockK;
-    load_tile<Tr, Tr::kBlockK>(v_smem0, v_g + k0 * p.v_stride[1], p.v_stride[1], sk - k0, p.v, tid);
+  if (kt >= 0) {
+    const int k0 = kt * Tr::kTileK;
+    load_tile<Tr, Tr::kTileK>(v_smem0, v_g + k0 * p.v_stride[1], p.v_stride[1], sk - k0, p.v, tid);
   }
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
-  std::uint32_t qf[Tr::kDSteps][4];
+  QFragments<Tr> qf;
   load_q_fragments<Tr>(qf, q_smem, warp, lane);
 
-  float o[Tr::kDTiles][4];
+  float o[Tr::kMTiles][Tr::kDTiles][4];
 #pragma unroll
-  for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  OnlineSoftmax<Tr::kKTiles> softmax;
+  for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < Tr::kDTiles; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
+  }
+  OnlineSoftmax<Tr::kMTiles, Tr::kKTiles> softmax;
   softmax.init();
 
   int stage = 0;
-  while (kb >= 0) {
-    const int kb_next = it.next();
-    const int k0 = kb * Tr::kBlockK;
+  while (kt >= 0) {
+    const int kt_next = it.next();
+    const int k0 = kt * Tr::kTileK;
     const std::uint32_t k_cur = k_smem0 + stage * Tr::kKVBytes;
     const std::uint32_t v_cur = v_smem0 + stage * Tr::kKVBytes;
     const std::uint32_t k_nxt = k_smem0 + (stage ^ 1) * Tr::kKVBytes;
@@ -141,70 +155,91 @@ __global__ void __launch_bounds__(Tr::kThreads, MinBlocks<Tr>::value)
 
     cp_async_wait<1>();
     __syncthreads();
-    if (kb_next >= 0) {
-      const int k0n = kb_next * Tr::kBlockK;
-      load_tile<Tr, Tr::kBlockK>(k_nxt, k_g + k0n * p.k_stride[1], p.k_stride[1], sk - k0n, p.k, tid);
+    if (kt_next >= 0) {
+      const int k0n = kt_next * Tr::kTileK;
+      load_tile<Tr, Tr::kTileK>(k_nxt, k_g + k0n * p.k_stride[1], p.k_stride[1], sk - k0n, p.k, tid);
     }
     cp_async_commit();
 
-    float s[Tr::kKTiles][4];
-    qk_product<Tr>(s, qf, k_cur, lane);
-    const bool need_mask = k0 + Tr::kBlockK > sk || (p.is_causal && k0 + Tr::kBlockK - 1 > first_row_bound);
-    scale_and_mask<Tr>(s, p.scale_log2, need_mask, key_limit, k0, lane);
-    float alpha[2], block_max[2], new_max[2];
-    softmax.step(s, alpha, block_max, new_max);
+    float s[Tr::kMTiles][Tr::kKTiles][4];
+    qk_product<Tr>(s, qf, q_smem, k_cur, warp, lane);
+    if (kt >= first_masked_tile) {
+      mask_scores<Tr>(s, row0, sq, sk, p.is_causal, k0, lane);
+    }
+    float alpha[kRows], block_max[kRows], new_max[kRows];
+    softmax.step(s, p.scale_log2, alpha, block_max, new_max);
 
-    bool skippable = true;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) skippable = skippable && (!row_real[r] || pv_skippable(block_max[r], new_max[r], pv_thr));
     cp_async_wait<1>();
-    // One barrier makes V_i visible and counts the query block's vote: the PV product is skipped
-    // only when every row of the block agrees (a CTA owns exactly one query block).
-    const bool skip_pv = __syncthreads_and(p.use_pv_threshold && skippable) != 0;
-    if (kb_next >= 0) {
-      const int k0n = kb_next * Tr::kBlockK;
-      load_tile<Tr, Tr::kBlockK>(v_nxt, v_g + k0n * p.v_stride[1], p.v_stride[1], sk - k0n, p.v, tid);
+    // One barrier makes V_i visible and, with pv_threshold, counts the query block's vote: the PV
+    // product is skipped only when every row of the block agrees (a CTA owns exactly one query block).
+    bool skip_pv = false;
+    if (use_pv) {
+      bool skippable = true;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        skippable = skippable && (row0 + row_offset(r) >= sq || pv_skippable(block_max[r], new_max[r], pv_thr));
+      }
+      skip_pv = __syncthreads_and(skippable) != 0;
+    } else {
+      __syncthreads();
+    }
+    if (kt_next >= 0) {
+      const int k0n = kt_next * Tr::kTileK;
+      load_tile<Tr, Tr::kTileK>(v_nxt, v_g + k0n * p.v_stride[1], p.v_stride[1], sk - k0n, p.v, tid);
     }
     cp_async_commit();
 
 #pragma unroll
-    for (int j = 0; j < Tr::kDTiles; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
+    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+#pragma unroll
+      for (int j = 0; j < Tr::kDTiles; ++j) {
+        o[mt][j][0] *= alpha[2 * mt];
+        o[mt][j][1] *= alpha[2 * mt];
+        o[mt][j][2] *= alpha[2 * mt + 1];
+        o[mt][j][3] *= alpha[2 * mt + 1];
+      }
     }
     if (!skip_pv) pv_product<Tr>(o, s, v_cur, lane);
 
-    kb = kb_next;
+    kt = kt_next;
     stage ^= 1;
   }
 
   // ---- epilogue
-  std::int64_t o_row[2];
+  int row_in_seq[kRows];
+  std::int64_t o_row[kRows];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRows; ++r) {
+    row_in_seq[r] = row0 + row_offset(r);
     o_row[r] = b_dim0 * p.o_stride[0] + static_cast<std::int64_t>(q_begin + row_in_seq[r]) * p.o_stride[1] +
                h * p.o_stride[2];
   }
   const std::int64_t lse_base = b * p.lse_stride[0] + h * p.lse_stride[1];
-  store_output<T, Tr::kDTiles>(p, o, softmax.m, softmax.l, row_in_seq, sq, o_row, lse_base, lane);
+  store_output<T, Tr::kMTiles, Tr::kDTiles>(p, o, softmax.m, softmax.l, row_in_seq, sq, o_row, lse_base, lane);
 }
 
-template <class T, int HD, int BLKQ, int BLKK>
-cudaError_t Kernel<T, HD, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
-  return cudaFuncGetAttributes(attr, attention_kernel<Traits<T, HD, BLKQ, BLKK>>);
-}
-
-template <class T, int HD, int BLKQ, int BLKK>
-cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const KernelParams& p, int num_tiles, cudaStream_t stream) {
-  using Tr = Traits<T, HD, BLKQ, BLKK>;
-  static_assert(Tr::kSmemBytes == smem_bytes(HD, BLKQ, BLKK), "launch.h and traits.cuh disagree");
+template <class Tr>
+cudaError_t launch_shape(const KernelParams& p, int num_tiles, cudaStream_t stream) {
+  static_assert(Tr::kSmemBytes <= smem_bytes(Tr::kHeadDim, Tr::kBlockQ, Tr::kBlockK),
+                "launch.h's bound (checked against the device by entry.cu) must cover every shape launched");
   auto* kernel = attention_kernel<Tr>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<num_tiles, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <class T, int HD, int BLKQ, int BLKK>
+cudaError_t Kernel<T, HD, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
+  return cudaFuncGetAttributes(attr, attention_kernel<StreamTraits<T, HD, BLKQ, BLKK>>);
+}
+
+template <class T, int HD, int BLKQ, int BLKK>
+cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const KernelParams& p, int num_tiles, cudaStream_t stream) {
+  if constexpr (StreamTraits<T, HD, BLKQ, BLKK>::kSubTiles > 1) {
+    if (p.use_pv_threshold) return launch_shape<WholeBlockTraits<T, HD, BLKQ, BLKK>>(p, num_tiles, stream);
+  }
+  return launch_shape<StreamTraits<T, HD, BLKQ, BLKK>>(p, num_tiles, stream);
 }
 
 }  // namespace sparge::cuda::attn

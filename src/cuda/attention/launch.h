@@ -10,9 +10,10 @@
 
 namespace sparge::cuda::attn {
 
-// Dynamic shared memory of one CTA: the Q tile plus two stages each of K and V (all 2-byte).
+// Dynamic shared memory a CTA may need: the Q tile plus two stages each of K and V (all 2-byte) with
+// whole-block key tiles, the largest of the shapes an instantiation launches (traits.cuh; the
+// streaming shape's 64-key tiles need less).
 constexpr int smem_bytes(int head_dim, int blkq, int blkk) { return (blkq * head_dim + 4 * blkk * head_dim) * 2; }
-constexpr int threads_per_cta(int blkq) { return blkq / 16 * 32; }
 
 template <class T, int HD, int BLKQ, int BLKK>
 struct Kernel {

@@ -1,6 +1,6 @@
-// Online softmax in fp32 and log2 units, for the two accumulator rows a thread holds (g and g+8 of
-// its warp's 16 rows). Scores arrive already multiplied by scale * log2(e) (folded on the host), so
-// every exponential is one ex2.approx.
+// Online softmax in fp32 and log2 units, for the accumulator rows a thread holds (g and g+8 of each
+// of its warp's M tiles). Scores arrive raw; scale * log2(e) (computed once on the host) is
+// folded into the exponent, so every probability is one FFMA and one ex2.approx.
 //
 // The running max of a row that has seen no key yet is -inf; exponentials are taken against a
 // finite stand-in (0) so that a fully masked row never evaluates exp2(-inf - -inf) = NaN: all its
@@ -20,31 +20,35 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-template <int kKTiles>
+template <int kMTiles, int kKTiles>
 struct OnlineSoftmax {
-  float m[2];  // running max (log2 units), -inf before the first key
-  float l[2];  // this thread's partial denominator; the quad's partials are summed at the end
+  static constexpr int kRows = 2 * kMTiles;  // row r = 2 * M tile + half (g, g + 8)
+  float m[kRows];  // running max (log2 units), -inf before the first key
+  float l[kRows];  // this thread's partial denominator; the quad's partials are summed at the end
 
   __device__ __forceinline__ void init() {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       m[r] = -INFINITY;
       l[r] = 0.0f;
     }
   }
 
-  // Folds one key block's scores s (log2 units, masked entries -inf) into the state: updates the
-  // running max, replaces s by the probabilities exp2(s - max), adds them to the denominator and
-  // returns the factors alpha by which O has to be rescaled. block_max receives the block's row
-  // maxima and new_max the running maxima including this block (pv_threshold's two inputs).
-  __device__ __forceinline__ void step(float (&s)[kKTiles][4], float (&alpha)[2], float (&block_max)[2],
-                                       float (&new_max)[2]) {
+  // Folds one key tile's raw scores s (masked entries -inf) into the state: updates the running max,
+  // replaces s by the probabilities exp2(s * scale_log2 - max), adds them to the denominator and
+  // returns the factors alpha by which O has to be rescaled. The maximum is taken on raw scores and
+  // scaled once per row (scale > 0, and rounding is monotone, so max(fl(s * c)) = fl(max(s) * c));
+  // each probability is then one FFMA and one ex2. block_max receives the tile's row maxima and
+  // new_max the running maxima including this tile (pv_threshold's two inputs), both in log2 units.
+  __device__ __forceinline__ void step(float (&s)[kMTiles][kKTiles][4], float scale_log2, float (&alpha)[kRows],
+                                       float (&block_max)[kRows], float (&new_max)[kRows]) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < kRows; ++r) {
+      const int mt = r / 2, e0 = 2 * (r % 2);
       float x = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kKTiles; ++j) x = fmaxf(x, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      x = quad_max(x);
+      for (int j = 0; j < kKTiles; ++j) x = fmaxf(x, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
+      x = quad_max(x) * scale_log2;
       const float m_new = fmaxf(m[r], x);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;
       alpha[r] = ex2(m[r] - m_use);
@@ -54,9 +58,9 @@ struct OnlineSoftmax {
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kKTiles; ++j) {
-        s[j][2 * r] = ex2(s[j][2 * r] - m_use);
-        s[j][2 * r + 1] = ex2(s[j][2 * r + 1] - m_use);
-        sum += s[j][2 * r] + s[j][2 * r + 1];
+        s[mt][j][e0] = ex2(fmaf(s[mt][j][e0], scale_log2, -m_use));
+        s[mt][j][e0 + 1] = ex2(fmaf(s[mt][j][e0 + 1], scale_log2, -m_use));
+        sum += s[mt][j][e0] + s[mt][j][e0 + 1];
       }
       l[r] = l[r] * alpha[r] + sum;
     }

@@ -1,40 +1,63 @@
 // Tile shapes of the portable kernel and the shared-memory layout that follows from them.
 //
 // One CTA owns one query block (BLKQ rows) so that decisions defined per query block (pv_threshold)
-// are one CTA-wide vote. Each warp owns 16 query rows (the M of one m16n8k16), so the CTA has
-// BLKQ / 16 warps. The key tile is one LUT block (BLKK keys): pv_threshold is decided on the whole
-// key block's row maxima, so the block's scores live in registers at once.
+// are one CTA-wide vote. Each warp owns kWarpRows query rows: 16 (one m16n8k16 M tile, Q kept in
+// registers) or 32 (two M tiles that share every K/V fragment an ldmatrix brings from shared memory;
+// Q is then re-read from shared memory per k-step, there is no register room for it). The key tile
+// kTileK is either the whole LUT block (BLKK; needed by pv_threshold, which is decided on the whole
+// key block's row maxima) or a 64-key sub-tile of it when pv_threshold is off.
 #pragma once
 
 #include <cstdint>
 
 namespace sparge::cuda::attn {
 
-template <class T_, int HD_, int BLKQ_, int BLKK_>
+template <class T_, int HD_, int BLKQ_, int BLKK_, int WARP_ROWS_, int TILE_K_, int MIN_CTAS_ = 0>
 struct Traits {
   using T = T_;
   static constexpr int kHeadDim = HD_;
   static constexpr int kBlockQ = BLKQ_;
-  static constexpr int kBlockK = BLKK_;
-  static constexpr int kWarps = kBlockQ / 16;
+  static constexpr int kBlockK = BLKK_;  // the LUT's key block
+  static constexpr int kWarpRows = WARP_ROWS_;
+  static constexpr int kTileK = TILE_K_;  // keys per pipeline step
+  static_assert(kWarpRows == 16 || kWarpRows == 32, "a warp owns one or two m16 tiles");
+  static_assert(kBlockQ % kWarpRows == 0 && kBlockK % kTileK == 0 && kTileK % 16 == 0, "tiles must nest");
+  static constexpr int kMTiles = kWarpRows / 16;
+  static constexpr int kRows = 2 * kMTiles;  // accumulator rows per thread (g, g + 8 of each M tile)
+  static constexpr int kWarps = kBlockQ / kWarpRows;
   static constexpr int kThreads = kWarps * 32;
+  static constexpr int kSubTiles = kBlockK / kTileK;  // > 1 only when pv_threshold is off
+  static constexpr bool kQInRegs = kMTiles == 1;
+  static constexpr int kMinCtas = MIN_CTAS_;  // CTAs per SM asked of ptxas; 0 = kernel.cuh's rule
 
   // Shared memory rows hold kHeadDim elements = kChunks 16-byte chunks.
   static constexpr int kChunks = kHeadDim * 2 / 16;
   static_assert(kChunks >= 8, "the xor swizzle needs at least 8 chunks (128 bytes) per row");
   static constexpr int kQBytes = kBlockQ * kHeadDim * 2;
-  static constexpr int kKVBytes = kBlockK * kHeadDim * 2;
-  // Two stages each for K and V: K of block i+1 loads while block i computes, V of block i+1
-  // while block i's PV runs (docs/attention_portable.md, "pipeline").
+  static constexpr int kKVBytes = kTileK * kHeadDim * 2;
+  // Two stages each for K and V: K of tile i+1 loads while tile i computes, V of tile i+1 while
+  // tile i's PV runs (docs/attention_portable.md, "pipeline").
   static constexpr int kStages = 2;
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes;
 
   // Register tiles per warp.
-  static constexpr int kDTiles = kHeadDim / 8;   // n-tiles of O
-  static constexpr int kKTiles = kBlockK / 8;    // n-tiles of S
-  static constexpr int kDSteps = kHeadDim / 16;  // k-steps of QK^T
-  static constexpr int kKSteps = kBlockK / 16;   // k-steps of PV
+  static constexpr int kDTiles = kHeadDim / 8;  // n-tiles of O
+  static constexpr int kKTiles = kTileK / 8;    // n-tiles of S
+  static constexpr int kDSteps = kHeadDim / 16; // k-steps of QK^T
+  static constexpr int kKSteps = kTileK / 16;   // k-steps of PV
 };
+
+// The two shapes a (dtype, head dim, BLKQ, BLKK) instantiation launches (a tuning choice: it changes
+// speed, never results beyond summation order):
+// - Streaming (pv_threshold off, or BLKK = 64): 64-key tiles; 32 rows per warp for BLKQ 128 (4 warps,
+//   FA2's forward shape, two CTAs per SM), 16 for BLKQ 64 (4 warps).
+// - Whole block (pv_threshold on with BLKK = 128): one 128-key tile, 16 rows per warp (the 128-key
+//   scores of 32 rows do not fit next to the O accumulator).
+constexpr int kStreamTileK = 64;
+template <class T, int HD, int BLKQ, int BLKK>
+using StreamTraits = Traits<T, HD, BLKQ, BLKK, (BLKQ >= 128 ? 32 : 16), (BLKK < kStreamTileK ? BLKK : kStreamTileK)>;
+template <class T, int HD, int BLKQ, int BLKK>
+using WholeBlockTraits = Traits<T, HD, BLKQ, BLKK, 16, BLKK>;
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of `chunks` chunks per row. The chunk
 // index is xor-ed with row % 8: the 8 rows an ldmatrix phase reads (same logical chunk) land in 8
