@@ -54,8 +54,11 @@ struct Traits {
 // - Whole block (pv_threshold on with BLKK = 128): one 128-key tile, 16 rows per warp (the 128-key
 //   scores of 32 rows do not fit next to the O accumulator).
 constexpr int kStreamTileK = 64;
+// hd 64 with 32 rows per warp and BLKK 64 asks for three CTAs per SM (168 registers, a few spilled):
+// H200 dense hd64 298 TFLOPS against 277 at two CTAs (docs/attention_portable.md).
 template <class T, int HD, int BLKQ, int BLKK>
-using StreamTraits = Traits<T, HD, BLKQ, BLKK, (BLKQ >= 128 ? 32 : 16), (BLKK < kStreamTileK ? BLKK : kStreamTileK)>;
+using StreamTraits = Traits<T, HD, BLKQ, BLKK, (BLKQ >= 128 ? 32 : 16), (BLKK < kStreamTileK ? BLKK : kStreamTileK),
+                            (HD == 64 && BLKQ >= 128 && BLKK == 64 ? 3 : 0)>;
 template <class T, int HD, int BLKQ, int BLKK>
 using WholeBlockTraits = Traits<T, HD, BLKQ, BLKK, 16, BLKK>;
 
