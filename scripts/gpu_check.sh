@@ -63,7 +63,7 @@ fi
 
 if has python; then
   t0=$(date +%s)
-  (cd python && MAX_JOBS=$(nproc) pip install --no-build-isolation --no-deps --no-index -q . ) >"$OUT/python_build.log" 2>&1; rc=$?
+  (cd python && MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps --no-index -q . ) >"$OUT/python_build.log" 2>&1; rc=$?
   note "python build rc=$rc in $(( $(date +%s) - t0 )) s"
   [ $rc -ne 0 ] && tail -30 "$OUT/python_build.log"
   timeout 240 python3 -m pytest -q --maxfail=20 python/tests >"$OUT/pytest.log" 2>&1; rc=$?
