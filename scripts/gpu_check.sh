@@ -66,8 +66,11 @@ if has python; then
   (cd python && MAX_JOBS=$(nproc) python3 -m pip install --no-build-isolation --no-deps --no-index -q . ) >"$OUT/python_build.log" 2>&1; rc=$?
   note "python build rc=$rc in $(( $(date +%s) - t0 )) s"
   [ $rc -ne 0 ] && tail -30 "$OUT/python_build.log"
-  timeout 240 python3 -m pytest -q --maxfail=20 python/tests >"$OUT/pytest.log" 2>&1; rc=$?
-  note "pytest rc=$rc: $(tail -1 "$OUT/pytest.log")"
+  # One process per test file, so that a crash in one file does not hide the results of the others.
+  for f in python/tests/test_*.py; do
+    timeout 240 python3 -X faulthandler -m pytest -q -p no:cacheprovider "$f" >>"$OUT/pytest.log" 2>&1; rc=$?
+    note "pytest $(basename "$f") rc=$rc: $(grep -E '(passed|failed|error)' "$OUT/pytest.log" | tail -1)"
+  done
 fi
 
 if has compare; then
