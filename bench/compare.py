@@ -3,6 +3,7 @@
 
     PYTHONPATH=python python3 bench/compare.py            # b2 h32 s16384, d 128 and 64, causal and not
     PYTHONPATH=python python3 bench/compare.py --quick    # b1 h8 s4096, a smoke run
+    PYTHONPATH=python python3 bench/compare.py --paths --token   # + each attention path, + token level
 
 Rows per (head dim, causal): torch SDPA with the cuDNN backend and with the flash backend, FlexAttention
 (torch.compile'd) dense, sparge dense; then per topk: sparge_attn (prediction included), its block map
@@ -15,9 +16,22 @@ normal inputs, rotating several input sets when one set fits in L2. FLOPs: dense
 causal pair count, about half); sparse counts the attended (query, key) pairs of computed blocks
 ("useful"), and "TFLOPS" is the dense-equivalent rate. The ratio table is printed last; JSON and PNG
 plots go to --out with the date in the file names. Each peer that fails prints "n/a (reason)".
+
+--paths adds, per configuration, sparge dense and the kernel-only sparse rows at every topk on each
+attention path, forced with SPARGE_ATTN_PATH=portable / =sm90 (src/cuda/attention/entry.cu reads it
+on every call, so the switch happens in this process): "sparge dense (portable mma.sync)" next to
+"flash SDPA (FA2)" (PERF.md: the portable path >= FlashAttention-2 in the same run).
+
+--token adds the token-level section (PERF.md): sparge.topk_select against torch.topk on 512 x 131072
+fp32 and fp16 scores, k = 2048 (index sets checked row by row), and sparge.gather_attn at hd128,
+2048 keys per row, lists shared by GQA groups of 64 positions (each row swapping a fraction of its
+group's keys), with and without group_union, its TFLOPS counted on attended keys next to sparge's
+dense TFLOPS measured in the same run, and the measured union overlap. --token-only skips the
+attention configurations. A target summary (PERF.md, same-run ratios) is printed after the table.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -150,8 +164,8 @@ def peer_flex(block_mask):
 
 def checked_sparge(fn):
     """Wraps a sparge call: the output must be a finite CUDA tensor (never a silent CPU fallback)."""
-    def run(q, k, v):
-        out = fn(q, k, v)
+    def run(*args):
+        out = fn(*args)
         o = out[0] if isinstance(out, tuple) else out
         if o.device.type != "cuda":
             raise RuntimeError(f"sparge returned a tensor on {o.device}, not on the GPU")
@@ -161,30 +175,84 @@ def checked_sparge(fn):
 
 # ------------------------------------------------------------------------------------------------
 
+def reason_of(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+
+
+@contextlib.contextmanager
+def attn_path(path):
+    """Forces sparge's attention path (None: the automatic selection) for the calls inside; the C++
+    dispatcher reads SPARGE_ATTN_PATH on every call (os.environ writes through to the C environment)."""
+    old = os.environ.get("SPARGE_ATTN_PATH")
+    if path is None:
+        os.environ.pop("SPARGE_ATTN_PATH", None)
+    else:
+        os.environ["SPARGE_ATTN_PATH"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SPARGE_ATTN_PATH", None)
+        else:
+            os.environ["SPARGE_ATTN_PATH"] = old
+
+
+# The paths of --paths: (SPARGE_ATTN_PATH value, row label).
+PATHS = (("portable", "portable mma.sync"), ("sm90", "sm90 wgmma"))
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
         self.rows = []
+        self.token_rows = []
+
+    def time_into(self, row, fn, input_sets, work, unit="TFLOPS", useful=None):
+        """Times fn into row (median/min/max, rate = work / median in `unit`); a failure becomes
+        row["error"] and prints n/a (reason)."""
+        name, backend = row["name"], row.get("backend", "")
+        try:
+            t = time_cuda(fn, input_sets, self.args.warmup, self.args.iters)
+            row.update(t)
+            sec = t["median_ms"] * 1e-3
+            scale = 1e12 if unit == "TFLOPS" else 1e9
+            rate = work / sec / scale
+            if unit == "TFLOPS":
+                row["tflops"] = rate
+                row["useful_tflops"] = (useful if useful is not None else work) / sec / 1e12
+            else:
+                row["rate"], row["unit"] = rate, unit
+            print(f"  {name:<42} {t['median_ms']:9.3f} ms  [{t['min_ms']:.3f} .. {t['max_ms']:.3f}]  "
+                  f"{rate:7.1f} {unit}  ({backend})", flush=True)
+        except Exception as e:  # a failing peer must not end the run
+            row["error"] = reason_of(e)
+            print(f"  {name:<42} n/a ({row['error']})", flush=True)
+            if self.args.verbose:
+                traceback.print_exc()
+        return row
 
     def add(self, cfg, name, backend, fn, input_sets, flops_dense, flops_useful=None, extra=None):
         row = dict(cfg)
         row.update({"name": name, "backend": backend})
         row.update(extra or {})
-        try:
-            t = time_cuda(fn, input_sets, self.args.warmup, self.args.iters)
-            row.update(t)
-            sec = t["median_ms"] * 1e-3
-            row["tflops"] = flops_dense / sec / 1e12
-            row["useful_tflops"] = (flops_useful if flops_useful is not None else flops_dense) / sec / 1e12
-            print(f"  {name:<34} {t['median_ms']:9.3f} ms  [{t['min_ms']:.3f} .. {t['max_ms']:.3f}]  "
-                  f"{row['tflops']:7.1f} TFLOPS  ({backend})", flush=True)
-        except Exception as e:  # a failing peer must not end the run
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
-            row["error"] = reason
-            print(f"  {name:<34} n/a ({reason})", flush=True)
-            if self.args.verbose:
-                traceback.print_exc()
+        self.time_into(row, fn, input_sets, flops_dense, "TFLOPS", flops_useful)
         self.rows.append(row)
+        return row
+
+    def add_token(self, name, backend, fn, input_sets, work, unit, extra=None):
+        row = {"section": "token", "name": name, "backend": backend}
+        row.update(extra or {})
+        self.time_into(row, fn, input_sets, work, unit)
+        self.token_rows.append(row)
+        return row
+
+    def fail_token(self, name, e, extra=None):
+        row = {"section": "token", "name": name, "error": reason_of(e)}
+        row.update(extra or {})
+        print(f"  {name:<42} n/a ({row['error']})", flush=True)
+        if self.args.verbose:
+            traceback.print_exc()
+        self.token_rows.append(row)
         return row
 
 
@@ -217,13 +285,25 @@ def run_config(bench, args, d, causal):
                       sets, fd, extra={"kind": "dense"})
         except Exception as e:
             bench.rows.append(dict(cfg, name="FlexAttention dense", error=f"{type(e).__name__}: {e}"[:160]))
-            print(f"  {'FlexAttention dense':<34} n/a ({type(e).__name__}: {e})"[:200])
+            print(f"  {'FlexAttention dense':<42} n/a ({type(e).__name__}: {e})"[:200])
     sp_dense = checked_sparge(lambda q, k, v: sparge.dense_attn(q, k, v, is_causal=causal))
     row = bench.add(cfg, "sparge dense", "sparge CUDA dense_attn", sp_dense, sets, fd, extra={"kind": "dense"})
     if "error" not in row and "error" not in cudnn:
         diff = max_diff(sp_dense(q0, k0, v0), peer_sdpa("CUDNN_ATTENTION", causal)(q0, k0, v0))
         row["maxdiff_vs_cudnn"] = diff
-        print(f"  {'':<34} max |sparge - cuDNN| = {diff:.2e}{'' if diff < 2e-2 else '  MISMATCH'}")
+        print(f"  {'':<42} max |sparge - cuDNN| = {diff:.2e}{'' if diff < 2e-2 else '  MISMATCH'}")
+    if args.paths:
+        for path, label in PATHS:
+            with attn_path(path):
+                prow = bench.add(cfg, f"sparge dense ({label})", f"sparge CUDA dense_attn, SPARGE_ATTN_PATH={path}",
+                                 sp_dense, sets, fd, extra={"kind": "dense", "path": path})
+                if "error" not in prow and "error" not in cudnn:
+                    try:
+                        diff = max_diff(sp_dense(q0, k0, v0), peer_sdpa("CUDNN_ATTENTION", causal)(q0, k0, v0))
+                        prow["maxdiff_vs_cudnn"] = diff
+                        print(f"  {'':<42} max |sparge - cuDNN| = {diff:.2e}{'' if diff < 2e-2 else '  MISMATCH'}")
+                    except Exception as e:
+                        print(f"  {'':<42} max |sparge - cuDNN| n/a ({reason_of(e)})")
 
     # Sparse rows per topk.
     for topk in args.topk:
@@ -252,6 +332,14 @@ def run_config(bench, args, d, causal):
                   checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
                       q, k, v, lut, counts, blkq=args.blkq, blkk=args.blkk, is_causal=causal)),
                   sets, fd, fu, extra=dict(extra, kind="kernel"))
+        if args.paths:
+            for path, label in PATHS:
+                with attn_path(path):
+                    bench.add(cfg, f"  sparge kernel ({label}) topk={topk}",
+                              f"sparge CUDA block_sparse_attn {args.blkq}x{args.blkk}, SPARGE_ATTN_PATH={path}",
+                              checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
+                                  q, k, v, lut, counts, blkq=args.blkq, blkk=args.blkk, is_causal=causal)),
+                              sets, fd, fu, extra=dict(extra, kind=f"kernel_{path}", path=path))
 
         # Kernel-only against FlexAttention on one LUT of FlexAttention-compatible blocks.
         if args.no_flex:
@@ -275,29 +363,208 @@ def run_config(bench, args, d, causal):
                 diff = max_diff(sparge.block_sparse_attn(q0, k0, v0, flut, fcounts, blkq=fb, blkk=fb, is_causal=causal),
                                 peer_flex(bmask)(q0, k0, v0))
                 frow["maxdiff_vs_sparge"] = diff
-                print(f"  {'':<34} max |sparge - flex| on the same LUT = {diff:.2e}"
+                print(f"  {'':<42} max |sparge - flex| on the same LUT = {diff:.2e}"
                       f"{'' if diff < 2e-2 else '  MISMATCH'}")
         except Exception as e:
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
             bench.rows.append(dict(cfg, **extra, name=f"FlexAttention {fb}x{fb} topk={topk}", kind=f"flex{fb}",
                                    error=reason))
-            print(f"  {'FlexAttention same LUT':<34} n/a ({reason})")
+            print(f"  {'FlexAttention same LUT':<42} n/a ({reason})")
     del sets, q0, k0, v0
+    torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------
+# Token level (--token)
+
+def check_topk(scores, k, sp_out, torch_out):
+    """Row-by-row check of sparge.topk_select against torch.topk: a dict of counts and a verdict.
+    Index sets must be equal, except where torch.topk broke a tie at the k-th value differently
+    (then the selected value multisets must still be equal)."""
+    idx_s, cnt_s = sp_out
+    val_t, idx_t = torch_out
+    idx_s = idx_s.long()
+    rows = scores.shape[0]
+    in_range = bool(((idx_s >= 0) & (idx_s < scores.shape[-1])).all().item())
+    a = idx_s.sort(-1).values
+    b = idx_t.sort(-1).values
+    same = (a == b).all(-1)
+    dups = int((a[:, 1:] == a[:, :-1]).any(-1).sum().item())
+    va = scores.gather(-1, idx_s.clamp(min=0)).float().sort(-1).values
+    vb = val_t.float().sort(-1).values
+    vals = (va == vb).all(-1)
+    res = {"rows": rows, "sets_equal_rows": int(same.sum().item()),
+           "tie_only_rows": int((~same & vals).sum().item()), "bad_rows": int((~same & ~vals).sum().item()),
+           "duplicate_rows": dups, "counts_ok": bool((cnt_s == k).all().item()), "in_range": in_range}
+    res["ok"] = res["bad_rows"] == 0 and dups == 0 and res["counts_ok"] and in_range
+    return res
+
+
+def gather_lists(b, hq, hk, sq, sk, n, group_pos, swap, device):
+    """[b, hq, sq, n] int32 key lists: one random base set of n distinct keys per (batch, kv head,
+    group_pos consecutive positions), shared by the kv head's query heads; each row replaces each
+    entry with probability `swap` by a key outside the base (distinct within the row), then its
+    order is shuffled (the kernel must not assume sorted lists). Also returns the group of each row."""
+    if n > sk or (swap > 0 and 2 * n > sk):
+        raise ValueError(f"gather lists need sk >= keys, and sk >= 2 * keys to swap (sk = {sk}, keys = {n})")
+    grp, nblk = hq // hk, (sq + group_pos - 1) // group_pos
+    ng = b * hk * nblk
+    perm = torch.rand(ng, sk, device=device).argsort(-1)
+    base, rest = perm[:, :n], perm[:, n:]
+    g = ((torch.arange(b, device=device)[:, None, None] * hk + torch.arange(hq, device=device)[None, :, None] // grp)
+         * nblk + torch.arange(sq, device=device)[None, None, :] // group_pos)
+    lists = base[g]
+    if swap > 0:
+        off = torch.randint(0, sk - n, (b, hq, sq, 1), device=device)
+        repl = rest[g[..., None], (off + torch.arange(n, device=device)) % (sk - n)]
+        lists = torch.where(torch.rand(b, hq, sq, n, device=device) < swap, repl, lists)
+        del repl, off
+    lists = lists.gather(-1, torch.rand(b, hq, sq, n, device=device).argsort(-1))
+    return lists.to(torch.int32).contiguous(), g, ng
+
+
+def union_overlap(lists, g, ng, sk):
+    """Union size / sum of list sizes over the groups (every list full)."""
+    seen = torch.zeros(ng, sk, dtype=torch.bool, device=lists.device)
+    seen[g[..., None].expand(lists.shape), lists.long()] = True
+    return float(seen.sum().item()) / lists.numel()
+
+
+def gather_reference_diff(out, q, k, v, lists, rows, scale):
+    """max |out - fp32 reference| on the first `rows` positions of batch 0, query head 0."""
+    keys = k[0, 0][lists[0, 0, :rows].long()].float()
+    vals = v[0, 0][lists[0, 0, :rows].long()].float()
+    logits = (q[0, 0, :rows, None, :].float() * keys).sum(-1) * scale
+    ref = (torch.softmax(logits, -1)[..., None] * vals).sum(-2)
+    return (out[0, 0, :rows].float() - ref).abs().max().item()
+
+
+# PERF.md's token-level shapes: topk_select rows x scores; gather_attn problem; the dense reference
+# timed when the attention section has no fp16 d128 non-causal sparge dense row (quick, full).
+TOPK_SHAPE = (512, 131072)
+GATHER_SHAPE = {"b": 1, "hq": 32, "hk": 8, "sq": 1024, "sk": 16384, "d": 128}
+DENSE_REF_SHAPE = ((1, 8, 4096), (2, 32, 16384))
+
+
+def run_token(bench, args):
+    import sparge
+    k_sel, (n_rows, n_cols) = args.token_k, TOPK_SHAPE
+    print(f"\n== token level: topk_select {n_rows} x {n_cols}, k = {k_sel}", flush=True)
+    for dname, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
+        extra = {"kind": "topk", "dtype": dname, "rows": n_rows, "n": n_cols, "k": k_sel}
+        try:
+            scores = torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
+        except Exception as e:
+            bench.fail_token(f"topk {dname} inputs", e, extra)
+            continue
+        sets = [(scores,)]
+        nbytes = scores.numel() * scores.element_size()
+        sp = bench.add_token(f"sparge topk_select {dname}", "sparge CUDA topk_select (radix select)",
+                             checked_sparge(lambda x: sparge.topk_select(x, k_sel)), sets, nbytes,
+                             "GB/s", extra=dict(extra, impl="sparge"))
+        tt = bench.add_token(f"torch.topk {dname}", "torch.topk(dim=-1)", lambda x: torch.topk(x, k_sel, dim=-1),
+                             sets, nbytes, "GB/s", extra=dict(extra, impl="torch"))
+        if "error" not in sp and "error" not in tt:
+            sp["speedup_vs_torch_topk"] = tt["median_ms"] / sp["median_ms"]
+            try:
+                chk = check_topk(scores, k_sel, sparge.topk_select(scores, k_sel), torch.topk(scores, k_sel, dim=-1))
+                sp["check"] = chk
+                print(f"  {'':<42} {sp['speedup_vs_torch_topk']:.2f}x torch.topk; index sets equal in "
+                      f"{chk['sets_equal_rows']}/{chk['rows']} rows, {chk['tie_only_rows']} differ only in ties "
+                      f"at the k-th value, {chk['bad_rows']} wrong{'' if chk['ok'] else '  MISMATCH'}")
+            except Exception as e:
+                sp["check"] = {"ok": False, "error": reason_of(e)}
+                print(f"  {'':<42} check n/a ({reason_of(e)})")
+        del scores, sets
+        torch.cuda.empty_cache()
+
+    b, hq, hk, sq, sk, d = (GATHER_SHAPE[x] for x in ("b", "hq", "hk", "sq", "sk", "d"))
+    n = args.token_k
+    dtype = torch.float16
+    print(f"\n== token level: gather_attn b{b} hq{hq} hk{hk} sq{sq} sk{sk} d{d} fp16, {n} keys per row, "
+          f"lists shared per kv head x {args.union_rows} positions", flush=True)
+    try:
+        q = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
+        k = torch.randn(b, hk, sk, d, device="cuda", dtype=dtype)
+        v = torch.randn(b, hk, sk, d, device="cuda", dtype=dtype)
+    except Exception as e:
+        bench.fail_token("gather inputs", e, {"kind": "gather"})
+        return
+    shape = {"b": b, "hq": hq, "hk": hk, "sq": sq, "sk": sk, "d": d, "dtype": "fp16"}
+    bench.add_token("sparge dense (gather shape)", "sparge CUDA dense_attn, GQA", checked_sparge(
+        lambda q_, k_, v_: sparge.dense_attn(q_, k_, v_)), [(q, k, v)], 4.0 * b * hq * sq * sk * d, "TFLOPS",
+        extra=dict(shape, kind="dense"))
+    have_main = any(r["name"] == "sparge dense" and r["d"] == 128 and not r["causal"] and "error" not in r
+                    for r in bench.rows)
+    if not have_main:  # the dense reference at PERF.md's shape when the attention section did not run it
+        try:
+            rb, rh, rs = DENSE_REF_SHAPE[0 if args.quick else 1]
+            rsets = make_input_sets(rb, rh, rs, d, dtype)
+            bench.add_token(f"sparge dense b{rb} h{rh} s{rs} d{d}", "sparge CUDA dense_attn", checked_sparge(
+                lambda q_, k_, v_: sparge.dense_attn(q_, k_, v_)), rsets, dense_flops(rb, rh, rs, d, False),
+                "TFLOPS", extra={"kind": "dense", "b": rb, "hq": rh, "hk": rh, "sq": rs, "sk": rs, "d": d,
+                                 "dtype": "fp16"})
+            del rsets
+        except Exception as e:
+            bench.fail_token("sparge dense reference", e, {"kind": "dense"})
+    for swap in args.token_swap:
+        extra = dict(shape, kind="gather", keys=n, union_rows=args.union_rows, swap=swap)
+        try:
+            lists, g, ng = gather_lists(b, hq, hk, sq, sk, n, args.union_rows, swap, q.device)
+            counts = torch.full((b, hq, sq), n, dtype=torch.int32, device=q.device)
+            overlap = union_overlap(lists, g, ng, sk)
+            del g
+        except Exception as e:
+            bench.fail_token(f"gather lists swap={swap}", e, extra)
+            continue
+        extra["union_overlap"] = overlap
+        print(f"  -- swap {swap}: union overlap (union / sum of lists per group) = {overlap:.4f}")
+        flops = 4.0 * d * float(counts.sum(dtype=torch.float64).item())  # non-causal: every listed key attended
+        outs = {}
+        for uni in (False, True):
+            row = bench.add_token(
+                f"gather {'union' if uni else 'per-row'} swap={swap}",
+                f"sparge CUDA gather_attn group_union={uni} union_rows={args.union_rows}",
+                checked_sparge(lambda q_, k_, v_: sparge.gather_attn(q_, k_, v_, lists, counts, group_union=uni,
+                                                                     union_rows=args.union_rows)),
+                [(q, k, v)], flops, "TFLOPS", extra=dict(extra, group_union=uni))
+            if "error" not in row:
+                try:
+                    outs[uni] = sparge.gather_attn(q, k, v, lists, counts, group_union=uni,
+                                                   union_rows=args.union_rows)
+                    row["maxdiff_vs_reference"] = gather_reference_diff(outs[uni], q, k, v, lists, 128, d ** -0.5)
+                    print(f"  {'':<42} max |gather - fp32 reference| (128 rows) = {row['maxdiff_vs_reference']:.2e}"
+                          f"{'' if row['maxdiff_vs_reference'] < 2e-2 else '  MISMATCH'}")
+                except Exception as e:
+                    print(f"  {'':<42} reference check n/a ({reason_of(e)})")
+        if len(outs) == 2:
+            diff = max_diff(outs[False], outs[True])
+            print(f"  {'':<42} max |union - per-row| = {diff:.2e}{'' if diff < 2e-2 else '  MISMATCH'}")
+        del lists, counts, outs
+        torch.cuda.empty_cache()
+    del q, k, v
     torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------------------
 # Report
 
-def fmt_row(r, base_ms):
+def fmt_row(r, base_ms, fa2_ms=None):
     if "error" in r:
-        return f"{r['name']:<36} n/a ({r['error']})"
+        return f"{r['name']:<44} n/a ({r['error']})"
     speed = f"{base_ms / r['median_ms']:6.2f}x" if base_ms and r.get("kind") != "block_map" else "      -"
+    vs_fa2 = f"{fa2_ms / r['median_ms']:6.2f}x" if fa2_ms and r.get("kind") == "dense" else "      -"
     dens = f"{r['density']:.3f}" if "density" in r else "  -  "
     useful = f"{r['useful_tflops']:7.1f}" if r.get("kind") not in ("block_map",) else "      -"
     tfl = f"{r['tflops']:7.1f}" if r.get("kind") not in ("block_map",) else "      -"
-    return (f"{r['name']:<36} {r['median_ms']:9.3f} [{r['min_ms']:8.3f} {r['max_ms']:8.3f}] {tfl} {useful} "
-            f"{speed} {dens}  {r['backend']}")
+    return (f"{r['name']:<44} {r['median_ms']:9.3f} [{r['min_ms']:8.3f} {r['max_ms']:8.3f}] {tfl} {useful} "
+            f"{speed} {vs_fa2} {dens}  {r['backend']}")
+
+
+def find_row(rows, name, **keys):
+    """The first timed row called name whose fields match keys, or None."""
+    return next((r for r in rows if r["name"] == name and "median_ms" in r
+                 and all(r.get(k) == v for k, v in keys.items())), None)
 
 
 def fill_speedups(rows):
@@ -310,11 +577,12 @@ def fill_speedups(rows):
 
 
 def print_table(rows):
-    print("\n" + "=" * 150)
-    print("Ratio table (speedup = cuDNN SDPA time / time, same run; TFLOPS = dense-equivalent rate; "
-          "useful = computed pairs only; density = computed fraction of visible blocks)")
-    print(f"{'row':<36} {'median ms':>9} [{'min':>8} {'max':>8}] {'TFLOPS':>7} {'useful':>7} {'speedup':>7} "
-          f"{'dens.':>5}  backend")
+    print("\n" + "=" * 160)
+    print("Ratio table (speedup = cuDNN SDPA time / time, same run; vs FA2 = flash SDPA time / time, dense rows; "
+          "TFLOPS = dense-equivalent rate; useful = computed pairs only; density = computed fraction of visible "
+          "blocks)")
+    print(f"{'row':<44} {'median ms':>9} [{'min':>8} {'max':>8}] {'TFLOPS':>7} {'useful':>7} {'speedup':>7} "
+          f"{'vs FA2':>7} {'dens.':>5}  backend")
     configs = []
     for r in rows:
         key = (r["d"], r["causal"])
@@ -324,10 +592,87 @@ def print_table(rows):
         sub = [r for r in rows if r["d"] == d and r["causal"] == causal]
         base = next((r for r in sub if r["name"] == "cuDNN SDPA" and "error" not in r), None)
         base_ms = base["median_ms"] if base else None
+        fa2 = find_row(sub, "flash SDPA (FA2)")
         r0 = sub[0]
         print(f"-- b{r0['b']} h{r0['h']} s{r0['s']} d{d} {r0['dtype']} {'causal' if causal else 'non-causal'}")
         for r in sub:
-            print(fmt_row(r, base_ms))
+            print(fmt_row(r, base_ms, fa2["median_ms"] if fa2 else None))
+
+
+def dense_reference_tflops(rows, token_rows):
+    """The highest sparge dense TFLOPS (automatic path, fp16 d128 non-causal) measured in this run:
+    the attention section's row and the token section's own dense rows."""
+    cands = [r for r in rows if r["name"] == "sparge dense" and r.get("d") == 128 and not r.get("causal")
+             and r.get("dtype") == "fp16" and "tflops" in r]
+    cands += [r for r in token_rows if r.get("kind") == "dense" and "tflops" in r]
+    return max(cands, key=lambda r: r["tflops"], default=None)
+
+
+def print_token_table(token_rows, rows):
+    if not token_rows:
+        return
+    print("\nToken level (same run; topk: GB/s = one read of the scores, speedup = torch.topk time / time; "
+          "gather: TFLOPS on attended keys, % of the best sparge dense TFLOPS of this run)")
+    ref = dense_reference_tflops(rows, token_rows)
+    for r in token_rows:
+        if "error" in r:
+            print(f"{r['name']:<44} n/a ({r['error']})")
+            continue
+        rate = f"{r['rate']:7.1f} {r['unit']:<6}" if "rate" in r else f"{r['tflops']:7.1f} TFLOPS"
+        note = ""
+        if r.get("kind") == "topk" and "speedup_vs_torch_topk" in r:
+            chk = r.get("check", {})
+            note = (f"{r['speedup_vs_torch_topk']:5.2f}x torch.topk, check "
+                    f"{'ok' if chk.get('ok') else 'FAILED ' + str(chk)}")
+        elif r.get("kind") == "gather":
+            pct = f"{100 * r['tflops'] / ref['tflops']:5.1f}% of dense" if ref else "dense n/a"
+            note = f"{pct}, union overlap {r['union_overlap']:.4f}"
+        print(f"{r['name']:<44} {r['median_ms']:9.3f} [{r['min_ms']:8.3f} {r['max_ms']:8.3f}] {rate} {note}")
+    if ref:
+        print(f"(dense reference: {ref['name']}, {ref['tflops']:.1f} TFLOPS)")
+
+
+def verdict(value, target):
+    return "n/a" if value is None else ("PASS" if value >= target else "FAIL")
+
+
+def print_targets(rows, token_rows):
+    """PERF.md targets that this run can decide, as same-run ratios."""
+    lines = []
+    configs = []
+    for r in rows:
+        if (r["d"], r["causal"]) not in configs:
+            configs.append((r["d"], r["causal"]))
+    for d, causal in configs:
+        sub = [r for r in rows if r["d"] == d and r["causal"] == causal]
+        tag = f"d{d} {'causal' if causal else 'non-causal'}"
+        fa2, cudnn = find_row(sub, "flash SDPA (FA2)"), find_row(sub, "cuDNN SDPA")
+        portable = find_row(sub, "sparge dense (portable mma.sync)")
+        if any(r["name"] == "sparge dense (portable mma.sync)" for r in sub):
+            x = fa2["median_ms"] / portable["median_ms"] if fa2 and portable else None
+            lines.append(f"portable dense / FA2, {tag}: " + (f"{x:.2f}x" if x else "n/a") + f"  (>= 1.00x) {verdict(x, 1.0)}")
+        for name in ("sparge dense", "sparge dense (sm90 wgmma)"):
+            r = find_row(sub, name)
+            if r and cudnn:
+                x = cudnn["median_ms"] / r["median_ms"]
+                want = 1.05 if d == 128 and not causal else 1.0
+                lines.append(f"{name} / cuDNN, {tag}: {x:.2f}x  (>= {want:.2f}x) {verdict(x, want)}")
+    for r in token_rows:
+        if r.get("kind") == "topk" and r.get("impl") == "sparge":
+            x = r.get("speedup_vs_torch_topk")
+            ok = r.get("check", {}).get("ok", False)
+            lines.append(f"topk_select {r['dtype']} / torch.topk: " + (f"{x:.2f}x" if x else "n/a")
+                         + f"  (>= 3.00x) {verdict(x, 3.0)}{'' if ok else ', results NOT checked equal'}")
+    ref = dense_reference_tflops(rows, token_rows)
+    for r in token_rows:
+        if r.get("kind") == "gather":
+            x = r["tflops"] / ref["tflops"] if ref and "tflops" in r else None
+            lines.append(f"{r['name']} / dense TFLOPS: " + (f"{100 * x:.1f}%" if x is not None else "n/a")
+                         + f"  (>= 60%) {verdict(x, 0.6)}")
+    if lines:
+        print("\nTargets (shared/PERF.md, ratios of this run)")
+        for line in lines:
+            print("  " + line)
 
 
 def write_plots(rows, out_dir, stamp):
@@ -349,7 +694,8 @@ def write_plots(rows, out_dir, stamp):
         for kind in kinds:
             pts = sorted((r["topk"], r["speedup_vs_cudnn"]) for r in sub if r.get("kind") == kind and "topk" in r)
             if pts:
-                label = {"sparge_attn": "sparge_attn (with prediction)", "kernel": "sparge kernel (given LUT)"}.get(
+                label = {"sparge_attn": "sparge_attn (with prediction)", "kernel": "sparge kernel (given LUT)",
+                         "kernel_portable": "sparge kernel, portable path", "kernel_sm90": "sparge kernel, sm90 path"}.get(
                     kind, kind.replace("kernel", "sparge kernel ").replace("flex", "FlexAttention "))
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         dense_styles = iter([":", "--", "-.", (0, (1, 4))])
@@ -423,6 +769,16 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",
                                                   "benchmarks"))
     ap.add_argument("--tag", default="", help="appended to the output file names")
+    ap.add_argument("--paths", action="store_true",
+                    help="also time sparge dense and the kernel-only sparse rows on each attention path "
+                         "(SPARGE_ATTN_PATH=portable and =sm90)")
+    ap.add_argument("--token", action="store_true",
+                    help="also run the token-level section (topk_select vs torch.topk, gather_attn)")
+    ap.add_argument("--token-only", action="store_true", help="only the token-level section")
+    ap.add_argument("--token-k", type=int, default=2048, help="k of topk_select, keys per row of gather_attn")
+    ap.add_argument("--token-swap", type=str, default="0.0,0.01,0.1",
+                    help="fractions of its group's keys each gather row replaces, comma-separated")
+    ap.add_argument("--union-rows", type=int, default=64, help="positions per gather_attn group (union_rows)")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
     args = ap.parse_args(argv)
     if args.quick:
@@ -433,6 +789,8 @@ def parse_args(argv=None):
         args.warmup = min(args.warmup, 3)
     args.d = [int(x) for x in args.d.split(",") if x]
     args.topk = [float(x) for x in args.topk.split(",") if x]
+    args.token_swap = [float(x) for x in args.token_swap.split(",") if x]
+    args.token = args.token or args.token_only
     args.iters = max(args.iters, 10)  # PERF.md: the median of >= 10 timed runs
     return args
 
@@ -459,7 +817,8 @@ def main(argv=None):
         "date": now.isoformat(timespec="seconds"), "device": props.name, "sms": props.multi_processor_count,
         "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
         "sparge": sparge.__version__, "blkq": args.blkq, "blkk": args.blkk, "flex_blk": args.flex_blk,
-        "warmup": args.warmup, "iters": args.iters,
+        "warmup": args.warmup, "iters": args.iters, "paths": args.paths, "token": args.token,
+        "SPARGE_ATTN_PATH": os.environ.get("SPARGE_ATTN_PATH"),
         "method": "median of CUDA-event timings after warm-up; FLOPs 4*B*H*pairs*D (PERF.md)",
     }
     print(f"sparge compare: {props.name}, torch {torch.__version__}, cuDNN {meta['cudnn']}, "
@@ -467,22 +826,38 @@ def main(argv=None):
 
     bench = Bench(args)
     torch.manual_seed(0)
-    for d in args.d:
+    if os.environ.get("SPARGE_ATTN_PATH"):
+        print(f"note: SPARGE_ATTN_PATH={os.environ['SPARGE_ATTN_PATH']} is set: the plain sparge rows use that path")
+    for d in ([] if args.token_only else args.d):
         for causal in causals:
             try:
                 run_config(bench, args, d, causal)
             except Exception as e:  # keep the other configurations
                 print(f"configuration d{d} causal={causal} failed: {type(e).__name__}: {e}")
                 traceback.print_exc()
+    if args.token:
+        try:
+            run_token(bench, args)
+        except Exception as e:
+            print(f"token-level section failed: {reason_of(e)}")
+            traceback.print_exc()
 
     os.makedirs(args.out, exist_ok=True)
     fill_speedups(bench.rows)
     json_path = os.path.join(args.out, f"compare_{stamp}.json")
     with open(json_path, "w") as f:
-        json.dump({"meta": meta, "rows": bench.rows}, f, indent=1)
-    plots = write_plots(bench.rows, args.out, stamp)
+        json.dump({"meta": meta, "rows": bench.rows, "token_rows": bench.token_rows}, f, indent=1)
+    plots = []
+    if bench.rows:
+        try:
+            plots = write_plots(bench.rows, args.out, stamp)
+        except Exception as e:
+            print(f"plots failed: {reason_of(e)}")
     print("\nwrote " + ", ".join([json_path] + plots))
-    print_table(bench.rows)  # the table is the last thing printed
+    if bench.rows:
+        print_table(bench.rows)  # the table, the token table and the targets are the last things printed
+    print_token_table(bench.token_rows, bench.rows)
+    print_targets(bench.rows, bench.token_rows)
 
 
 if __name__ == "__main__":
