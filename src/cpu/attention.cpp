@@ -96,24 +96,11 @@ void sparse_query_block(const SparseTask& t, std::int64_t h, std::int64_t qb) {
 }  // namespace
 
 Status block_sparse_attention(const BlockSparseAttentionParams& p) {
-  const detail::Dims dims = detail::attention_dims(p.q, p.k, p.varlen);
-  const double scale = effective_scale(p.scale, dims.d);
-  const std::int64_t group = dims.hq / dims.hk;
-  const int threads = p.exec.cpu_threads;
-  KvHead kv;
-  for (std::int64_t b = 0; b < dims.batch; ++b) {
-    const Seq s = sequence(p.varlen, b, p.q.shape[1], p.k.shape[1]);
-    // Query blocks past this sequence's end hold no rows: nothing to compute or write.
-    const std::int64_t blocks = num_blocks(s.sq, p.blkq);
-    if (blocks == 0) continue;
-    for (std::int64_t hk = 0; hk < dims.hk; ++hk) {
-      load_kv_head(p.k, p.v, s, hk, threads, kv);
-      const SparseTask task{p, s, b, kv, scale};
-      parallel_for(group * blocks, threads, [&](std::int64_t i) {
-        sparse_query_block(task, hk * group + i / blocks, i % blocks);
-      });
-    }
-  }
+  const double scale = effective_scale(p.scale, p.q.shape[3]);
+  for_each_query_tile(p.q, p.k, p.v, p.varlen, p.blkq, p.exec.cpu_threads,
+                      [&](const Seq& s, std::int64_t b, std::int64_t h, std::int64_t qb, const KvHead& kv) {
+                        sparse_query_block(SparseTask{p, s, b, kv, scale}, h, qb);
+                      });
   return {};
 }
 

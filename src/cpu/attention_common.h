@@ -16,6 +16,7 @@
 #include "cpu/parallel.h"
 #include "sparge/half.h"
 #include "sparge/ops.h"
+#include "validate/validate.h"
 
 namespace sparge::cpu::attn {
 
@@ -198,6 +199,29 @@ inline void store_row(const Tensor& o, const Tensor& lse, const Seq& s, std::int
   if (lse.present()) {
     const double val = empty ? kNegInf : m + std::log(l);
     lse.ptr<float>()[lse.offset(seq_index, h, i)] = static_cast<float>(val);
+  }
+}
+
+// The driver both attention entries share: for each sequence and kv head, convert that head's K/V
+// once, then run fn(seq, seq_index, query_head, tile, kv) in parallel over the tiles of `tile_rows`
+// query rows of every query head reading this kv head. Each (head, tile) writes only its own rows.
+template <class Fn>
+void for_each_query_tile(const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
+                         std::int64_t tile_rows, int threads, Fn&& fn) {
+  const detail::Dims dims = detail::attention_dims(q, k, varlen);
+  const std::int64_t group = dims.hq / dims.hk;
+  KvHead kv;
+  for (std::int64_t b = 0; b < dims.batch; ++b) {
+    const Seq s = sequence(varlen, b, q.shape[1], k.shape[1]);
+    // Tiles past this sequence's end hold no rows: nothing to compute or write.
+    const std::int64_t tiles = (s.sq + tile_rows - 1) / tile_rows;
+    if (tiles == 0) continue;
+    for (std::int64_t hk = 0; hk < dims.hk; ++hk) {
+      load_kv_head(k, v, s, hk, threads, kv);
+      parallel_for(group * tiles, threads, [&](std::int64_t t) {
+        fn(s, b, hk * group + t / tiles, t % tiles, static_cast<const KvHead&>(kv));
+      });
+    }
   }
 }
 

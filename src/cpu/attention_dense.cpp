@@ -69,22 +69,11 @@ void dense_rows(const DenseAttentionParams& p, const Seq& s, std::int64_t b, std
 }  // namespace
 
 Status dense_attention(const DenseAttentionParams& p) {
-  const detail::Dims dims = detail::attention_dims(p.q, p.k, p.varlen);
-  const double scale = effective_scale(p.scale, dims.d);
-  const std::int64_t group = dims.hq / dims.hk;
-  const int threads = p.exec.cpu_threads;
-  KvHead kv;
-  for (std::int64_t b = 0; b < dims.batch; ++b) {
-    const Seq s = sequence(p.varlen, b, p.q.shape[1], p.k.shape[1]);
-    const std::int64_t tiles = (s.sq + kRows - 1) / kRows;
-    if (tiles == 0) continue;
-    for (std::int64_t hk = 0; hk < dims.hk; ++hk) {
-      load_kv_head(p.k, p.v, s, hk, threads, kv);
-      parallel_for(group * tiles, threads, [&](std::int64_t t) {
-        dense_rows(p, s, b, hk * group + t / tiles, kv, scale, (t % tiles) * kRows);
-      });
-    }
-  }
+  const double scale = effective_scale(p.scale, p.q.shape[3]);
+  for_each_query_tile(p.q, p.k, p.v, p.varlen, kRows, p.exec.cpu_threads,
+                      [&](const Seq& s, std::int64_t b, std::int64_t h, std::int64_t t, const KvHead& kv) {
+                        dense_rows(p, s, b, h, kv, scale, t * kRows);
+                      });
   return {};
 }
 
