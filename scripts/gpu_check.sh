@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build, check and benchmark on a GPU machine in one go; prints a short table last.
-#   scripts/gpu_check.sh [phase...]   phases: build cpu gpu sanitize bench cpuscale python compare (default: all)
+#   scripts/gpu_check.sh [phase...]   phases: build cpu gpu sanitize bench cpuscale python compare dist
+#   (default: all but dist, which needs two or more GPUs: nvidia-h200-x2)
 # Logs go to $OUT (the device tool's output folder) or ./gpu-out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -77,6 +78,15 @@ if has compare; then
   timeout 400 python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:-} >"$OUT/compare.log" 2>&1; rc=$?
   note "compare rc=$rc"
   tail -40 "$OUT/compare.log"
+fi
+
+if has dist; then
+  timeout ${DIST_TIMEOUT:-150} "$B/tests/sparge_dist_tests" >"$OUT/dist_tests.log" 2>&1; rc=$?
+  note "dist tests rc=$rc: $(grep -E '^(PASS|FAIL|ok|SKIP)|passed|failed' "$OUT/dist_tests.log" | tail -3 | tr '\n' ' ')"
+  tail -25 "$OUT/dist_tests.log"
+  timeout ${DIST_TIMEOUT:-150} "$B/tests/sparge_dist_tests" --timing >"$OUT/dist_timing.log" 2>&1; rc=$?
+  note "dist timing rc=$rc"
+  tail -15 "$OUT/dist_timing.log"
 fi
 
 if has cpuscale; then
