@@ -84,7 +84,7 @@ if has dist; then
   timeout ${DIST_TIMEOUT:-150} "$B/tests/sparge_dist_tests" >"$OUT/dist_tests.log" 2>&1; rc=$?
   note "dist tests rc=$rc: $(grep -E '^(PASS|FAIL|ok|SKIP)|passed|failed' "$OUT/dist_tests.log" | tail -3 | tr '\n' ' ')"
   tail -25 "$OUT/dist_tests.log"
-  timeout ${DIST_TIMEOUT:-150} "$B/tests/sparge_dist_tests" --timing >"$OUT/dist_timing.log" 2>&1; rc=$?
+  SPARGE_DIST_PROFILE=1 timeout ${DIST_TIMEOUT:-150} "$B/tests/sparge_dist_tests" --timing >"$OUT/dist_timing.log" 2>&1; rc=$?
   note "dist timing rc=$rc"
   tail -15 "$OUT/dist_timing.log"
 fi

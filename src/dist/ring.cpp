@@ -19,11 +19,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cuda/block_map/block_map.cuh"
+#include "cuda/scratch_pool.h"
 #include "dist/kernels.h"
 #include "dist/plan.h"
 #include "dist/run.h"
@@ -205,6 +208,49 @@ unsigned long long* pinned_totals(std::size_t n) {
   return buf;
 }
 
+// SPARGE_DIST_PROFILE=1 (read per call): timing events at the phase boundaries, printed per rank
+// to stderr after the final wait, in ms from the start of the call's GPU work:
+//   map = block map done (all-gathers included), pack = own K/V packed, xfer t = transfer of
+//   step t+1's shard done (transfer stream), step t = compute of step t done, end = outputs written.
+class Profile {
+ public:
+  explicit Profile(int rank) : rank_(rank) {
+    const char* v = std::getenv("SPARGE_DIST_PROFILE");
+    on_ = v != nullptr && v[0] != '\0' && v[0] != '0';
+  }
+  ~Profile() {
+    for (auto& m : marks_) cudaEventDestroy(m.second);
+  }
+  Profile(const Profile&) = delete;
+  Profile& operator=(const Profile&) = delete;
+
+  void mark(std::string name, cudaStream_t s) {
+    if (!on_) return;
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    cudaEventRecord(e, s);
+    marks_.emplace_back(std::move(name), e);
+  }
+  // After the final wait: every event has completed.
+  void print() const {
+    if (!on_ || marks_.empty()) return;
+    std::string line = cat("dist profile rank ", rank_, ":");
+    for (std::size_t i = 1; i < marks_.size(); ++i) {
+      float ms = 0.0f;
+      if (cudaEventElapsedTime(&ms, marks_[0].second, marks_[i].second) != cudaSuccess) ms = -1.0f;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " %s %.2f", marks_[i].first.c_str(), static_cast<double>(ms));
+      line += buf;
+    }
+    std::fprintf(stderr, "%s (ms)\n", line.c_str());
+  }
+
+ private:
+  int rank_;
+  bool on_ = false;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+};
+
 // Resources released on every path. On an error the frees are stream-ordered behind everything
 // already enqueued (the transfer stream included), so nothing is freed under a running kernel.
 struct Resources {
@@ -235,7 +281,7 @@ struct Resources {
   }
 };
 
-Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res) {
+Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res, Profile& prof) {
   const int R = p.comm.size, rank = p.comm.rank;
   auto comm = static_cast<ncclComm_t>(p.comm.nccl_comm);
   cudaStream_t cs = static_cast<cudaStream_t>(p.exec.stream);
@@ -323,7 +369,13 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res) {
   const std::size_t o_part_o = A.add(f32(B * L * Hq * D)), o_part_lse = A.add(f32(B * Hq * L));
   const std::size_t o_totals = A.add(std::max<std::size_t>(ncalls, 1) * sizeof(unsigned long long));
 
-  SPARGE_RETURN_IF_ERROR(g.cuda(cudaMallocAsync(reinterpret_cast<void**>(&res.base), A.size(), cs), "cudaMallocAsync of the scratch"));
+  // From the retained pool: the default pool would unmap these gigabytes at every synchronization
+  // and map them again on the next call.
+  cudaMemPool_t pool = nullptr;
+  SPARGE_RETURN_IF_ERROR(g.cuda(sparge::cuda::scratch_pool(pool), "creating the scratch pool"));
+  SPARGE_RETURN_IF_ERROR(g.cuda(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&res.base), A.size(), pool, cs),
+                                "cudaMallocFromPoolAsync of the scratch"));
+  prof.mark("start", cs);
   unsigned long long* host_totals = pinned_totals(std::max<std::size_t>(ncalls, 1));
   if (host_totals == nullptr) return g.cuda(cudaErrorMemoryAllocation, "cudaHostAlloc of the call totals");
   char* base = res.base;
@@ -529,6 +581,7 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res) {
   if (ev_map == nullptr) return g.cuda(cudaErrorMemoryAllocation, "cudaEventCreate");
   SPARGE_RETURN_IF_ERROR(g.cuda(cudaMemcpyAsync(host_totals, totals, ncalls * sizeof(unsigned long long), cudaMemcpyDeviceToHost, cs),
                                 "copying the call totals"));
+  prof.mark("map", cs);
   SPARGE_RETURN_IF_ERROR(g.cuda(cudaEventRecord(ev_map, cs), "cudaEventRecord"));
   SPARGE_RETURN_IF_ERROR(g.wait(ev_map, "the block map (all-gathers of the K statistics)"));
 
@@ -558,6 +611,7 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res) {
     }
     SPARGE_RETURN_IF_ERROR(g.cuda(kernels::launch_pack(r, slot[0] + kv * B * L * Hk * D, cs), "packing the K/V shard"));
   }
+  prof.mark("pack", cs);
   SPARGE_RETURN_IF_ERROR(g.cuda(cudaEventRecord(ev_packed, cs), "cudaEventRecord"));
 
   const auto message_bytes = [&](int shard) {
@@ -577,6 +631,7 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res) {
       SPARGE_RETURN_IF_ERROR(g.nccl(ncclSend(slot[cur], message_bytes(s_t), ncclUint8, (rank + 1) % R, comm, ts), "ncclSend"));
       SPARGE_RETURN_IF_ERROR(g.nccl(ncclRecv(slot[nxt], message_bytes(s_next), ncclUint8, (rank + R - 1) % R, comm, ts), "ncclRecv"));
       SPARGE_RETURN_IF_ERROR(g.nccl(ncclGroupEnd(), "the ring transfer (ncclGroupEnd)"));
+      prof.mark(cat("xfer", t), ts);
       SPARGE_RETURN_IF_ERROR(g.cuda(cudaEventRecord(ev_recv[nxt], ts), "cudaEventRecord"));
     }
     if (t > 0) SPARGE_RETURN_IF_ERROR(g.cuda(cudaStreamWaitEvent(cs, ev_recv[cur], 0), "cudaStreamWaitEvent"));
@@ -632,6 +687,7 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res) {
       const Status ms = sparge::merge_attention(mp);
       if (!ms.ok()) return g.fail(ms.code(), ms.message());
     }
+    prof.mark(cat("step", t), cs);
     SPARGE_RETURN_IF_ERROR(g.cuda(cudaEventRecord(ev_used[cur], cs), "cudaEventRecord"));
   }
 
@@ -655,8 +711,11 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res) {
     for (int i = 0; i < 3; ++i) fin.lse_stride[i] = p.maybe_lse.stride[i];
   }
   SPARGE_RETURN_IF_ERROR(g.cuda(kernels::launch_finish(fin, cs), "writing the outputs"));
+  prof.mark("end", cs);
   SPARGE_RETURN_IF_ERROR(g.cuda(cudaEventRecord(ev_done, cs), "cudaEventRecord"));
-  return g.wait(ev_done, "the ring attention (transfers and compute)");
+  SPARGE_RETURN_IF_ERROR(g.wait(ev_done, "the ring attention (transfers and compute)"));
+  prof.print();
+  return {};
 }
 
 }  // namespace
@@ -667,7 +726,8 @@ Status run(const SparseAttentionParams& p) {
   Guard g(static_cast<ncclComm_t>(p.comm.nccl_comm), p.timeout_seconds, p.comm.rank, p.comm.size);
   Resources res;
   res.compute = static_cast<cudaStream_t>(p.exec.stream);
-  const Status st = run_impl(p, g, res);
+  Profile prof(p.comm.rank);
+  const Status st = run_impl(p, g, res, prof);
   res.release();
   return st;
 }

@@ -1,0 +1,18 @@
+// A private stream-ordered memory pool per device that keeps its memory between calls.
+//
+// With the device's default pool (release threshold 0) every synchronization hands freed memory
+// back to the driver and the next call maps it again: for the block map's small scratch that costs
+// more host time than its kernels, and for context parallelism's gigabytes of K/V slots and fp32
+// accumulators it costs milliseconds per call. The pool holds at most the largest total that was
+// in use at one time (concurrent calls on several streams add up) and lives as long as the
+// process. Allocations from it stay stream ordered, so calls on different streams are safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace sparge::cuda {
+
+// The pool of the current device (created on first use; thread safe).
+cudaError_t scratch_pool(cudaMemPool_t& out);
+
+}  // namespace sparge::cuda
