@@ -86,7 +86,7 @@ if has dist; then
   tail -25 "$OUT/dist_tests.log"
   SPARGE_DIST_PROFILE=1 timeout ${DIST_TIMEOUT:-150} "$B/tests/sparge_dist_tests" --timing >"$OUT/dist_timing.log" 2>&1; rc=$?
   note "dist timing rc=$rc"
-  tail -15 "$OUT/dist_timing.log"
+  grep -v '^dist profile' "$OUT/dist_timing.log" | tail -12
 fi
 
 if has cpuscale; then
@@ -101,4 +101,6 @@ fi
 
 echo
 echo "==================== summary ($stamp) ===================="
-for s in "${summary[@]}"; do echo "$s"; done
+for s in "${summary[@]}"; do echo "$s"; done | tee "$OUT/summary.txt"
+# The device tool returns at most 8 files: the logs travel as one archive (logs.tar.gz).
+(cd "$OUT" && tar czf logs.tar.gz --remove-files $(ls *.log *.txt 2>/dev/null | grep -v '^summary.txt$')) 2>/dev/null || true
