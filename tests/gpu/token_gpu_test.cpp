@@ -728,5 +728,122 @@ SPARGE_CASES(GatherGpu) {
   }
 }
 
+
+// ---- topk_select: the two-pass kernel's candidate buffer (src/cuda/topk/two_pass.cuh) ---------
+// The kernel keeps the keys of the top-digit bucket holding the k-th value in shared memory
+// (kCap = 4096 of them) and falls back to more passes over the row when the bucket is larger.
+// These rows put the bucket at, just under and just over that size, make it huge (ties, narrow
+// value ranges, all-equal rows), make the strong list long (large k: the in-place merge walks many
+// chunks) and cover N = 1, k = 1, k = N and N not a multiple of the vector width. Every result is
+// compared with the CPU backend, for each kernel variant (SPARGE_TOPK_VARIANT, read per call).
+namespace topk_stress {
+
+// A row: `strong` values above the bucket, `bucket` values inside one top-digit bin of the key
+// (1 + j/1024, exact in f16 and f32, 200 distinct), the rest below; positions shuffled.
+std::vector<float> bucket_rows(std::int64_t r, std::int64_t n, std::int64_t strong, std::int64_t bucket, std::mt19937_64& rng) {
+  std::vector<float> s(static_cast<size_t>(r * n));
+  for (std::int64_t i = 0; i < r; ++i) {
+    std::vector<float> row(static_cast<size_t>(n));
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (j < strong) row[static_cast<size_t>(j)] = 4.0f + static_cast<float>(j % 50) * 0.125f;
+      else if (j < strong + bucket) row[static_cast<size_t>(j)] = 1.0f + static_cast<float>(rng() % 200) / 1024.0f;
+      else row[static_cast<size_t>(j)] = -2.0f + static_cast<float>(rng() % 100) / 64.0f;
+    }
+    std::shuffle(row.begin(), row.end(), rng);
+    std::copy(row.begin(), row.end(), s.begin() + i * n);
+  }
+  return s;
+}
+
+enum class Fill { normal, all_equal, all_zero_signed, narrow, heavy_tie, single_neg_inf };
+
+std::vector<float> fill_rows(Fill f, std::int64_t r, std::int64_t n, std::mt19937_64& rng) {
+  std::vector<float> s(static_cast<size_t>(r * n));
+  fill_normal(s, rng);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (size_t i = 0; i < s.size(); ++i) {
+    float& x = s[i];
+    switch (f) {
+      case Fill::normal: break;
+      case Fill::all_equal: x = 3.0f; break;
+      case Fill::all_zero_signed: x = u(rng) < 0.5f ? 0.0f : -0.0f; break;
+      case Fill::narrow: x = 0.5f + u(rng) * 0.01f; break;  // one top-digit bin, many low digits
+      case Fill::heavy_tie: x = u(rng) < 0.6f ? 1.0f : x - 3.0f; break;  // 60% one value, the k-th
+      case Fill::single_neg_inf: x = (i % 3 == 0) ? -INFINITY : x; break;
+    }
+  }
+  return s;
+}
+
+const char* fill_name(Fill f) {
+  switch (f) {
+    case Fill::normal: return "normal";
+    case Fill::all_equal: return "allequal";
+    case Fill::all_zero_signed: return "allzero";
+    case Fill::narrow: return "narrow";
+    case Fill::heavy_tie: return "heavytie";
+    case Fill::single_neg_inf: return "neginf33";
+  }
+  return "?";
+}
+
+// Runs the CPU backend once and the GPU under each variant (the environment is restored).
+void expect_all_variants(const std::vector<float>& s, std::int64_t r, std::int64_t n, int k, DType t, std::int64_t cs = 1) {
+  const auto cpu = run_topk(Backend::cpu, s, r, n, k, t, cs);
+  for (const char* v : {"0", "1", "2"}) {
+    ::setenv("SPARGE_TOPK_VARIANT", v, 1);
+    const auto gpu = run_topk(Backend::cuda, s, r, n, k, t, cs);
+    ::unsetenv("SPARGE_TOPK_VARIANT");
+    SCOPED_TRACE(std::string("SPARGE_TOPK_VARIANT=") + v);
+    expect_same_lists(cpu, gpu, k);
+    if (::testing::Test::HasFatalFailure() || ::testing::Test::HasNonfatalFailure()) return;
+  }
+}
+
+}  // namespace topk_stress
+
+SPARGE_CASES(TopkGpuStress) {
+  using namespace topk_stress;
+  // The bucket around the kCap = 4096 boundary (fits / overflows into a second row pass), T inside
+  // it (k - strong = 1000) or at its smallest value (k = strong + bucket).
+  for (std::int64_t bucket : {std::int64_t{4095}, std::int64_t{4096}, std::int64_t{4097}, std::int64_t{9000}}) {
+    for (bool t_at_bottom : {false, true}) {
+      for (DType t : {DType::f32, DType::f16}) {
+        const std::int64_t r = 6, n = 20011, strong = 300;
+        const int k = static_cast<int>(t_at_bottom ? strong + bucket : strong + 1000);
+        const std::string name = Name("TOPK_GPU_CAND")("r", r)("n", n)("k", k)("bucket", bucket)("dtype", to_string(t));
+        cases.push_back({name, [=] {
+                           if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                           auto rng = rng_for(name);
+                           expect_all_variants(bucket_rows(r, n, strong, bucket, rng), r, n, k, t);
+                         }});
+      }
+    }
+  }
+  struct Shape { std::int64_t r, n; int k; Fill fill; std::int64_t cs; };
+  const Shape shapes[] = {
+      {4, 50000, 2048, Fill::heavy_tie, 1},  // bucket = one value, 30000 ties: three row passes
+      {4, 50000, 2048, Fill::narrow, 1},     // bucket spans the low digits
+      {4, 10000, 777, Fill::all_equal, 1},   {3, 10000, 10000, Fill::all_equal, 1},
+      {4, 9001, 333, Fill::all_zero_signed, 1},
+      {4, 65536, 60000, Fill::normal, 1},    // long strong list: the in-place merge walks ~230 chunks
+      {4, 4099, 4099, Fill::normal, 1},      {4, 4099, 1, Fill::normal, 1},  // N % 8 != 0, k = N, k = 1
+      {4, 131071, 2048, Fill::normal, 1},    {4, 8191, 4096, Fill::narrow, 1},
+      {5, 1, 1, Fill::normal, 1},            {3, 1, 1, Fill::single_neg_inf, 1},  // N = 1 (row 0: -inf)
+      {3, 7, 7, Fill::single_neg_inf, 1},    {6, 30000, 5000, Fill::single_neg_inf, 1},
+      {3, 20000, 1500, Fill::heavy_tie, 3},  // strided rows through the scalar path, bucket overflow
+      {3, 20000, 1500, Fill::narrow, 5},
+  };
+  for (const Shape& sh : shapes) {
+    for (DType t : {DType::f32, DType::f16}) {
+      const std::string name = Name("TOPK_GPU_STRESS")("r", sh.r)("n", sh.n)("k", sh.k)("scores", fill_name(sh.fill))("dtype", to_string(t))("cs", sh.cs);
+      cases.push_back({name, [sh, t, name] {
+                         if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                         auto rng = rng_for(name);
+                         expect_all_variants(fill_rows(sh.fill, sh.r, sh.n, rng), sh.r, sh.n, sh.k, t, sh.cs);
+                       }});
+    }
+  }
+}
 }  // namespace
 }  // namespace sparge::test
