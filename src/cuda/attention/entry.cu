@@ -247,6 +247,14 @@ Status select(const Problem& pb, Selection* sel) {
   return {};
 }
 
+// A tuning switch of the portable kernel: unset or empty = `fallback`, "0" = off, anything else = on.
+// Read on every call, so one process can compare both settings.
+bool env_switch(const char* name, bool fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return fallback;
+  return std::strcmp(e, "0") != 0;
+}
+
 void fill_strides(std::int64_t (&dst)[3], const Tensor& t) {
   for (int i = 0; i < 3; ++i) dst[i] = t.stride[i];
 }
@@ -281,6 +289,9 @@ KernelParams make_params(const Problem& pb, const Selection& sel, float scale, b
   kp.scale_log2 = s * 1.4426950408889634f;
   kp.is_causal = is_causal;
   kp.heavy_first = is_causal;
+  // docs/attention_portable.md, "Run-time switches".
+  kp.key_split = env_switch("SPARGE_PORTABLE_KEY_SPLIT", false);
+  kp.lazy_rescale = env_switch("SPARGE_PORTABLE_LAZY_RESCALE", true);
   return kp;
 }
 

@@ -42,6 +42,13 @@ struct KernelParams {
   bool use_pv_threshold;
   float pv_threshold;              // when pv_threshold_per_head == nullptr
   const float* pv_threshold_per_head;
+
+  // Tuning switches (entry.cu reads them per call from the environment; they change speed, never
+  // results beyond summation order): the key-split shapes (traits.cuh) where an instantiation has
+  // one, and skipping the O rescale of a warp whose rows' maxima all stayed put (alpha == 1 exactly:
+  // bitwise the same result).
+  bool key_split;
+  bool lazy_rescale;
 };
 
 }  // namespace sparge::cuda::attn
