@@ -67,8 +67,12 @@ struct Sm90Variant {
       SPARGE_SM90_VARIANT(dt, ty, 128, 128, 64), SPARGE_SM90_VARIANT(dt, ty, 128, 128, 128)
 
 // Every instantiation in sm90/inst/ (its generate.sh writes the same set).
+// Plus the dense-only tile of attn::sm90::dense_tile (a SPARGE_SM90_VARIANT bit): 192 x 128 at head
+// dim 64.
 const Sm90Variant kSm90Variants[] = {SPARGE_SM90_VARIANTS_OF(DType::f16, __half),
-                                     SPARGE_SM90_VARIANTS_OF(DType::bf16, __nv_bfloat16)};
+                                     SPARGE_SM90_VARIANTS_OF(DType::bf16, __nv_bfloat16),
+                                     SPARGE_SM90_VARIANT(DType::f16, __half, 64, 192, 128),
+                                     SPARGE_SM90_VARIANT(DType::bf16, __nv_bfloat16, 64, 192, 128)};
 
 #undef SPARGE_SM90_VARIANTS_OF
 #undef SPARGE_SM90_VARIANT
@@ -78,10 +82,8 @@ const Sm90Variant kSm90Variants[] = {SPARGE_SM90_VARIANTS_OF(DType::f16, __half)
 // summation order.
 constexpr int kDenseBlockQ = 128;
 constexpr int kDenseBlockK = 64;
-// The Hopper kernel's dense tile: two consumer warpgroups x 64 rows, 128-key tiles (FA3's shape
-// for head dim 128).
-constexpr int kSm90DenseBlockQ = 128;
-constexpr int kSm90DenseBlockK = 128;
+// The Hopper kernel's dense tile: attn::sm90::dense_tile (128 x 128 unless SPARGE_SM90_VARIANT
+// selects FA3's 192 x 128 at head dim 64).
 
 // What the selection function needs to know, shared by the sparse and the dense entry.
 struct Problem {
@@ -317,8 +319,8 @@ Problem sparse_problem(const BlockSparseAttentionParams& p) {
   return {"block_sparse_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, p.blkq, p.blkk, p.blkq, p.blkk};
 }
 Problem dense_problem(const DenseAttentionParams& p) {
-  return {"dense_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, kDenseBlockQ, kDenseBlockK,
-          kSm90DenseBlockQ, kSm90DenseBlockK};
+  const attn::sm90::DenseTile t = attn::sm90::dense_tile(static_cast<int>(p.q.shape[3]), p.is_causal);
+  return {"dense_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, kDenseBlockQ, kDenseBlockK, t.blkq, t.blkk};
 }
 
 Status select_dense(const DenseAttentionParams& p, Selection* out) {

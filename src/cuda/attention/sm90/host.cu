@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 
 #include "cuda/attention/sm90/launch.h"
@@ -55,6 +56,20 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 }  // namespace
+
+int variant_bits() {
+  const char* e = std::getenv("SPARGE_SM90_VARIANT");
+  if (e == nullptr) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 0);
+  return end != e && v >= 0 && v < 256 ? static_cast<int>(v) : 0;
+}
+
+DenseTile dense_tile(int head_dim, bool /*causal*/) {
+  const int v = variant_bits();
+  if (head_dim == 64 && (v & kVariantDenseQ192) != 0) return {192, 128};
+  return {128, 128};
+}
 
 bool image_available(int device) {
   constexpr int kMaxDevices = 64;

@@ -3,14 +3,17 @@
 //
 // CTA = one query block (BLKQ rows) = one producer warpgroup + BLKQ / 64 consumer warpgroups
 // (64 query rows each, the M of wgmma). The producer's first thread walks the block iterator (LUT
-// row or all visible blocks) and issues TMA loads of Q once and of K_i, V_i into a ring of stages;
-// sparsity changes only the row coordinate of these loads. Each consumer warpgroup walks the same
-// iterator (to know k0 for masking) and per visited block:
-//   wait K_i full; S = Q K_i^T (wgmma ss, K-major both); wait; release K_i
-//   scale, mask, online softmax (the portable kernel's code: same accumulator layout per warp)
+// row or all visible blocks) and issues TMA loads of Q once and of K, V key tiles into a ring of
+// stages; sparsity changes only the row coordinates of these loads. A key tile is one LUT block,
+// or (paired kernel, 64-key LUT blocks without pv_threshold) two consecutive entries of the LUT
+// row in the two 64-row halves of a 128-key stage. Each consumer warpgroup walks the same
+// iterator (to know the key offsets for masking) and per tile:
+//   wait K full; S = Q K^T (wgmma ss, K-major both); release K
+//   scale, mask, online softmax (the portable kernel's arithmetic: same accumulator layout per warp)
 //   pv_threshold vote over the query block (named barrier AND of all consumer threads)
-//   O *= alpha; wait V_i full; O += P V_i (wgmma rs: P from registers, V MN-major); wait; release V_i
-// Stages of K and V have separate barriers, so K_{i+1} lands while PV_i runs.
+//   O *= alpha; wait V full; O += P V (wgmma rs: P from registers, V MN-major); release V
+// Stages of K and V have separate barriers, so K of the next tile lands while PV runs; the loop
+// overlaps the softmax of tile i with PV of tile i - 1 (docs/attention_sm90.md, Pipeline).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,27 +31,38 @@
 
 namespace sparge::cuda::attn::sm90 {
 
-template <class T_, int HD_, int BLKQ_, int BLKK_>
+// BLKK_ is the key block of the LUT (and of causal/visibility bookkeeping); a pipeline stage holds
+// one key tile of kTileK keys. PAIR_ (BLKK_ 64 only, pv_threshold off): a tile is two LUT blocks,
+// any two entries of the row (consecutive in LUT order, not necessarily adjacent keys), loaded as
+// two TMA boxes into the two 64-row halves of one 128-key stage and computed by the 128-key
+// wgmmas; an odd count ends with a half tile (second half masked, PV over the first 64 keys).
+template <class T_, int HD_, int BLKQ_, int BLKK_, bool PAIR_ = false>
 struct Traits {
   using T = T_;
   static constexpr int kHeadDim = HD_;
   static constexpr int kBlockQ = BLKQ_;
-  static constexpr int kBlockK = BLKK_;
+  static constexpr int kBlockK = BLKK_;              // keys of one LUT block
+  static constexpr bool kPair = PAIR_;
+  static constexpr int kTileK = PAIR_ ? 2 * BLKK_ : BLKK_;  // keys of one stage (the wgmma N of QK^T)
+  static_assert(!PAIR_ || BLKK_ == 64, "pairing joins two 64-key LUT blocks into one 128-key tile");
   static constexpr int kConsumers = consumer_warpgroups(BLKQ_);
   static constexpr int kThreads = threads_per_cta(BLKQ_);
   static constexpr int kMinBlocks = ctas_per_sm(BLKQ_);
-  static constexpr int kStages = stages(HD_, BLKQ_, BLKK_);
-  static constexpr int kSmemBytes = smem_bytes(HD_, BLKQ_, BLKK_);
+  static constexpr int kStages = stages(HD_, BLKQ_, kTileK);
+  static constexpr int kSmemBytes = smem_bytes(HD_, BLKQ_, kTileK);
   static constexpr int kSlabs = HD_ / 64;            // 64-column (128-byte) slabs per row
   static constexpr int kQSlab = BLKQ_ * 128;         // bytes of one slab of the Q tile
-  static constexpr int kKVSlab = BLKK_ * 128;        // bytes of one slab of a K or V tile
+  static constexpr int kKVSlab = kTileK * 128;       // bytes of one slab of a K or V stage
+  static constexpr int kBlockSlab = BLKK_ * 128;     // bytes of one LUT block within a slab
   static constexpr int kQBytes = q_bytes(HD_, BLKQ_);
-  static constexpr int kKVBytes = kv_bytes(HD_, BLKK_);
+  static constexpr int kKVBytes = kv_bytes(HD_, kTileK);
+  static constexpr int kBlockBytes = kv_bytes(HD_, BLKK_);  // one LUT block of K (or V), all slabs
   // Register tiles of one consumer warp (as in the portable kernel's Traits).
   static constexpr int kDTiles = HD_ / 8;
-  static constexpr int kKTiles = BLKK_ / 8;
+  static constexpr int kKTiles = kTileK / 8;
+  static constexpr int kBlockKTiles = PAIR_ ? BLKK_ / 8 : kKTiles;  // score tiles of the first block
   static constexpr int kDSteps = HD_ / 16;
-  static constexpr int kKSteps = BLKK_ / 16;
+  static constexpr int kKSteps = kTileK / 16;
   // setmaxnreg budgets: the CTA's registers are threads * (65536 / (threads * CTAs per SM)),
   // rounded down to 8; the producer keeps 24 and the consumers share the rest.
   static constexpr int kProducerRegs = 24;
@@ -59,6 +73,21 @@ struct Traits {
           : ((kLaunchRegs * kThreads - kProducerRegs * 128) / (128 * kConsumers)) / 8 * 8;
   static_assert(kStages >= 1 && kSmemBytes <= smem_budget(BLKQ_), "shared-memory plan does not fit");
 };
+
+// The key blocks of one pipeline tile: kb[0] always >= 0 while tiles remain, kb[1] the second
+// block of a paired tile or -1 (unpaired kernel, or the odd last block of a row).
+struct KeyTile {
+  int kb[2];
+};
+// Fetches the next tile from the block iterator (the producer and every consumer warp walk their
+// own copy of the same iterator, so all agree on the pairs). kb[0] < 0: no tile left.
+template <class Tr>
+__device__ __forceinline__ KeyTile next_tile(BlockIter& it) {
+  KeyTile kt;
+  kt.kb[0] = it.next();
+  kt.kb[1] = Tr::kPair && kt.kb[0] >= 0 ? it.next() : -1;
+  return kt;
+}
 
 // Shared memory: [Q slabs][K stage 0..S-1][V stage 0..S-1][barriers], tiles 1024-byte aligned.
 template <class Tr>
@@ -78,6 +107,24 @@ struct Smem {
   __device__ __forceinline__ std::uint64_t* v_full(int s) const { return bars() + 1 + Tr::kStages + s; }
   __device__ __forceinline__ std::uint64_t* k_empty(int s) const { return bars() + 1 + 2 * Tr::kStages + s; }
   __device__ __forceinline__ std::uint64_t* v_empty(int s) const { return bars() + 1 + 3 * Tr::kStages + s; }
+  // Q may be overwritten (the next tile of a persistent CTA): every consumer warp arrives once all
+  // QK^T of its tile have completed.
+  __device__ __forceinline__ std::uint64_t* q_empty() const { return bars() + 1 + 4 * Tr::kStages; }
+};
+
+// Position in the ring of K/V stages, carried across the tiles of a persistent CTA: stage use u
+// is stage u % S, phase (u / S) & 1 (pipeline.cuh: "full" waits for the phase, "empty" for its
+// complement).
+template <class Tr>
+struct Ring {
+  int st = 0;
+  std::uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++st == Tr::kStages) {
+      st = 0;
+      phase ^= 1;
+    }
+  }
 };
 
 // Which query block a CTA owns and where its sequence lives (the portable kernel's schedule).
@@ -109,29 +156,44 @@ __device__ __forceinline__ BlockIter make_iter(const KernelParams& p, const Tile
                        p.nk_lut, visible);
 }
 
+// One tile's loads: Q (once the previous tile's consumers released it: q_phase is the parity of
+// this CTA's tile count), then the K and V tiles in the ring.
 template <class Tr>
-__device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it) {
+__device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it,
+                                         std::uint32_t q_phase, Ring<Tr>& ring) {
+  barrier_wait(sm.q_empty(), q_phase ^ 1);
   barrier_expect_bytes(sm.q_full(), Tr::kQBytes);
 #pragma unroll
   for (int s = 0; s < Tr::kSlabs; ++s) {
     tma_load_4d(sm.ptr(sm.q() + s * Tr::kQSlab), &P.q_map, s * 64, t.q0, t.h, t.b_dim0, sm.q_full());
   }
-  int use = 0;
-  for (int kb = it.next(); kb >= 0; kb = it.next(), ++use) {
-    const int st = use % Tr::kStages;
-    const std::uint32_t parity = ((use / Tr::kStages) & 1) ^ 1;
-    const int row = kb * Tr::kBlockK;
+  for (;; ring.advance()) {
+    const KeyTile kt = next_tile<Tr>(it);
+    if (kt.kb[0] < 0) break;
+    const int st = ring.st;
+    const std::uint32_t parity = ring.phase ^ 1;
+    const int blocks = kt.kb[1] >= 0 ? 2 : 1;
     barrier_wait(sm.k_empty(st), parity);
-    barrier_expect_bytes(sm.k_full(st), Tr::kKVBytes);
+    barrier_expect_bytes(sm.k_full(st), blocks * Tr::kBlockBytes);
 #pragma unroll
-    for (int s = 0; s < Tr::kSlabs; ++s) {
-      tma_load_4d(sm.ptr(sm.k(st) + s * Tr::kKVSlab), &P.k_map, s * 64, row, t.hk, t.b_dim0, sm.k_full(st));
+    for (int h = 0; h < 2; ++h) {
+      if (h == 1 && blocks == 1) break;
+#pragma unroll
+      for (int s = 0; s < Tr::kSlabs; ++s) {
+        tma_load_4d(sm.ptr(sm.k(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.k_map, s * 64, kt.kb[h] * Tr::kBlockK,
+                    t.hk, t.b_dim0, sm.k_full(st));
+      }
     }
     barrier_wait(sm.v_empty(st), parity);
-    barrier_expect_bytes(sm.v_full(st), Tr::kKVBytes);
+    barrier_expect_bytes(sm.v_full(st), blocks * Tr::kBlockBytes);
 #pragma unroll
-    for (int s = 0; s < Tr::kSlabs; ++s) {
-      tma_load_4d(sm.ptr(sm.v(st) + s * Tr::kKVSlab), &P.v_map, s * 64, row, t.hk, t.b_dim0, sm.v_full(st));
+    for (int h = 0; h < 2; ++h) {
+      if (h == 1 && blocks == 1) break;
+#pragma unroll
+      for (int s = 0; s < Tr::kSlabs; ++s) {
+        tma_load_4d(sm.ptr(sm.v(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.v_map, s * 64, kt.kb[h] * Tr::kBlockK,
+                    t.hk, t.b_dim0, sm.v_full(st));
+      }
     }
   }
 }
@@ -164,8 +226,10 @@ struct Consumer {
   float m[2];  // running max of the two rows (log2 units), -inf before the first key
   float l[2];  // this thread's partial denominators (the quad's are summed in the epilogue)
 
-  __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, const Tile& t_, int cw_, int tid)
-      : p(p_), sm(sm_), t(t_), cw(cw_), warp(tid / 32), lane(tid % 32) {
+  __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, const Tile& t_, int cw_, int tid,
+                                      int variant)
+      : p(p_), sm(sm_), t(t_), cw(cw_), warp(tid / 32), lane(tid % 32),
+        pingpong(Tr::kConsumers == 2 && (variant & kVariantNoPingpong) == 0) {
     const int wg_row0 = t.q0 + cw * 64;  // first query row of this warpgroup
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -184,12 +248,14 @@ struct Consumer {
     l[0] = l[1] = 0.0f;
   }
 
-  static constexpr bool kPingpong = Tr::kConsumers == 2;
+  // Pingpong between the two consumer warpgroups (BLKQ 128), unless the variant bit turns it off
+  // (a kernel parameter: uniform, the same for both warpgroups).
+  bool pingpong;
   __device__ __forceinline__ void turn_begin() const {
-    if (kPingpong) named_barrier_sync(kTurnBarrier + cw, 256);
+    if (pingpong) named_barrier_sync(kTurnBarrier + cw, 256);
   }
   __device__ __forceinline__ void turn_end() const {
-    if (kPingpong) named_barrier_arrive(kTurnBarrier + (cw ^ 1), 256);
+    if (pingpong) named_barrier_arrive(kTurnBarrier + (cw ^ 1), 256);
   }
   __device__ __forceinline__ void release(std::uint64_t* bar) const {
     __syncwarp();
@@ -199,28 +265,42 @@ struct Consumer {
   __device__ __forceinline__ void issue_qk(int st) {
 #pragma unroll
     for (int ks = 0; ks < Tr::kDSteps; ++ks) {
-      Wgmma<T, Tr::kBlockK>::ss(s, k_major_desc(q_tile, Tr::kQSlab, ks), k_major_desc(sm.k(st), Tr::kKVSlab, ks), ks > 0);
+      Wgmma<T, Tr::kTileK>::ss(s, k_major_desc(q_tile, Tr::kQSlab, ks), k_major_desc(sm.k(st), Tr::kKVSlab, ks), ks > 0);
     }
     wgmma_commit();
   }
-  // O += P_{i-1} V_{i-1}, one commit group.
-  __device__ __forceinline__ void issue_pv(int st) {
+  // O += P_{i-1} V_{i-1} over the first kSteps 16-key steps of the stage, one commit group.
+  template <int kSteps>
+  __device__ __forceinline__ void issue_pv_steps(int st) {
 #pragma unroll
-    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+    for (int kk = 0; kk < kSteps; ++kk) {
       Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], mn_major_desc(sm.v(st), Tr::kKVSlab, kk));
     }
     wgmma_commit();
   }
-  // The same when the query block may have voted to skip it: a skipped PV commits an empty group,
-  // so the wait counts are the same on both paths (ptxas serializes every wgmma of the kernel,
-  // C7514, when the waits differ between the paths). Each path commits its own group: a commit
-  // after the join makes ptxas close the PV group itself and add an empty group on both paths, so
-  // wait<1> would wait for the PV too.
-  __device__ __forceinline__ void issue_pv(int st, bool skip) {
-    if (!skip) {
-      issue_pv(st);
+  // PV of the previous tile. pv_threshold (kVote, unpaired kernel only): a skipped PV commits an
+  // empty group, so the wait counts are the same on both paths (ptxas serializes every wgmma of
+  // the kernel, C7514, when the waits differ between the paths). Paired kernel: a half tile (odd
+  // last block) multiplies only the first 64 keys; its second half of V holds another tile's rows
+  // (or never-written shared memory), which even P = 0 must not touch (0 * NaN). Each path commits
+  // its own group: a commit after the join makes ptxas close the group itself and add an empty
+  // group on both paths, so wait<1> would wait for the PV too.
+  template <bool kVote>
+  __device__ __forceinline__ void issue_pv(int st, bool skip, bool half) {
+    if constexpr (Tr::kPair) {
+      if (!half) {
+        issue_pv_steps<Tr::kKSteps>(st);
+      } else {
+        issue_pv_steps<Tr::kKSteps / 2>(st);
+      }
+    } else if constexpr (kVote) {
+      if (!skip) {
+        issue_pv_steps<Tr::kKSteps>(st);
+      } else {
+        wgmma_commit();
+      }
     } else {
-      wgmma_commit();
+      issue_pv_steps<Tr::kKSteps>(st);
     }
   }
   __device__ __forceinline__ void fence_p() {
@@ -230,26 +310,30 @@ struct Consumer {
       for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(pa[kk][e])::"memory");
   }
 
-  // Keys a row does not see (past sk, or in the causal future) become -inf; only blocks that
-  // cross sk or the diagonal of some row of this warpgroup call this.
-  __device__ __forceinline__ void mask_scores(int k0) {
-    const int col0 = k0 + 2 * (lane & 3);
+  // Keys a row does not see (past sk, or in the causal future, or the missing second block of a
+  // half tile: k0b = kNoKeys) become -inf; only tiles that need it call this. Score tiles
+  // [0, kBlockKTiles) are keys k0a.., the rest (paired kernel) keys k0b...
+  static constexpr int kNoKeys = 1 << 30;  // past every key_limit (sequences are < 2^30), no overflow
+  __device__ __forceinline__ void mask_scores(int k0a, int k0b) {
+    const int c = 2 * (lane & 3);
 #pragma unroll
-    for (int j = 0; j < Tr::kKTiles; ++j)
+    for (int j = 0; j < Tr::kKTiles; ++j) {
+      const int col0 = (j < Tr::kBlockKTiles ? k0a + j * 8 : k0b + (j - Tr::kBlockKTiles) * 8) + c;
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (col0 + j * 8 + (e & 1) > key_limit[e >> 1]) s[j][e] = -INFINITY;
+        if (col0 + (e & 1) > key_limit[e >> 1]) s[j][e] = -INFINITY;
+    }
   }
 
-  // Online softmax of the raw scores S_i (block starting at key k0), the portable kernel's
+  // Online softmax of the raw scores S_i (keys k0a.. and, paired, k0b..), the portable kernel's
   // arithmetic with the scale folded in: the row max is taken on raw scores and scaled once
   // (scale > 0, and rounding is monotonic, so this is the max of the scaled scores bit for bit),
   // and every probability is ex2(fma(s, scale*log2e, -max)): one FFMA + one MUFU per element.
   // Returns the query block's pv_threshold decision when kVote; alpha receives the factors O must
   // be rescaled by.
   template <bool kVote, bool kMask>
-  __device__ __forceinline__ bool softmax_step(int k0, float (&alpha)[2]) {
-    if constexpr (kMask) mask_scores(k0);
+  __device__ __forceinline__ bool softmax_step(int k0a, int k0b, float (&alpha)[2]) {
+    if constexpr (kMask) mask_scores(k0a, k0b);
     const float scale = p.scale_log2;
     float block_max[2], new_max[2];
 #pragma unroll
@@ -289,13 +373,26 @@ struct Consumer {
       return uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, skippable)) != 0;
     }
   }
-  // Masked only where the block crosses sk or the causal diagonal of this warpgroup's rows (a
-  // real branch: with the mask if-converted every block pays two instructions per score).
+  // A block of n keys from k0 needs the mask when it crosses sk or the causal diagonal of some row
+  // of this warpgroup.
+  __device__ __forceinline__ bool crosses(int k0, int n) const {
+    return k0 + n > t.sk || (p.is_causal && k0 + n - 1 > first_row_bound);
+  }
+  // Masked only where the tile needs it (a real branch: with the mask if-converted every block
+  // pays two instructions per score). A half tile (kb[1] < 0 in the paired kernel) always does.
   template <bool kVote>
-  __device__ __forceinline__ bool softmax_step(int k0, float (&alpha)[2]) {
-    const bool need_mask = k0 + Tr::kBlockK > t.sk || (p.is_causal && k0 + Tr::kBlockK - 1 > first_row_bound);
-    if (uniform(need_mask)) return softmax_step<kVote, true>(k0, alpha);
-    return softmax_step<kVote, false>(k0, alpha);
+  __device__ __forceinline__ bool softmax_step(const KeyTile& kt, float (&alpha)[2]) {
+    const int k0a = kt.kb[0] * Tr::kBlockK;
+    bool need_mask;
+    int k0b = kNoKeys;
+    if constexpr (Tr::kPair) {
+      if (kt.kb[1] >= 0) k0b = kt.kb[1] * Tr::kBlockK;
+      need_mask = kt.kb[1] < 0 || crosses(k0a, Tr::kBlockK) || crosses(k0b, Tr::kBlockK);
+    } else {
+      need_mask = crosses(k0a, Tr::kTileK);
+    }
+    if (uniform(need_mask)) return softmax_step<kVote, true>(k0a, k0b, alpha);
+    return softmax_step<kVote, false>(k0a, k0b, alpha);
   }
 
   // O *= alpha, skipped when no row of the warp changed its max (alpha == 1 exactly: ex2(0)),
@@ -323,33 +420,45 @@ struct Consumer {
   // results) are broadcast from lane 0: a wgmma under a branch ptxas considers divergent gets
   // serialized (ptxas C7520: a wait after every wgmma).
   static __device__ __forceinline__ int uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+  __device__ __forceinline__ KeyTile next_uniform_tile(BlockIter& it) const {
+    KeyTile kt = next_tile<Tr>(it);
+    kt.kb[0] = uniform(kt.kb[0]);
+    if constexpr (Tr::kPair) kt.kb[1] = uniform(kt.kb[1]);
+    return kt;
+  }
 
+  // One tile (query block): the mainloop, then the epilogue. q_phase: parity of this CTA's tile
+  // count; ring: the K/V stage position, shared with the producer's walk of the same tiles.
   template <bool kVote>
-  __device__ __forceinline__ void run(BlockIter it) {
-    if (kPingpong && cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
-    barrier_wait(sm.q_full(), 0);
-    const int kb = uniform(it.next());
-    if (kb >= 0) {
-      // Block 0: S_0 alone.
-      barrier_wait(sm.k_full(0), 0);
+  __device__ __forceinline__ void run(BlockIter it, std::uint32_t q_phase, Ring<Tr>& ring) {
+    barrier_wait(sm.q_full(), q_phase);
+    const KeyTile kt0 = next_uniform_tile(it);
+    if (kt0.kb[0] < 0) {
+      release(sm.q_empty());
+    } else {
+      // Tile 0: S_0 alone.
+      int st_prev = ring.st;
+      std::uint32_t parity_prev = ring.phase;
+      ring.advance();
+      barrier_wait(sm.k_full(st_prev), parity_prev);
       turn_begin();
       wgmma_fence();
       fence_accumulator(s);
-      issue_qk(0);
+      issue_qk(st_prev);
       turn_end();
       wgmma_wait<0>();
       fence_accumulator(s);
-      release(sm.k_empty(0));
+      release(sm.k_empty(st_prev));
       float alpha[2];
-      bool skip_prev = softmax_step<kVote>(kb * Tr::kBlockK, alpha);
+      bool skip_prev = softmax_step<kVote>(kt0, alpha);
+      bool half_prev = kt0.kb[1] < 0;
       rescale_and_pack(alpha);
-      int st_prev = 0;
-      std::uint32_t parity_prev = 0;
-      for (int use = 1;; ++use) {
-        const int kb_next = uniform(it.next());
-        if (kb_next < 0) break;
-        const int st = use % Tr::kStages;
-        const std::uint32_t parity = (use / Tr::kStages) & 1;
+      for (;;) {
+        const KeyTile kt = next_uniform_tile(it);
+        if (kt.kb[0] < 0) break;
+        const int st = ring.st;
+        const std::uint32_t parity = ring.phase;
+        ring.advance();
         barrier_wait(sm.k_full(st), parity);
         barrier_wait(sm.v_full(st_prev), parity_prev);
         turn_begin();
@@ -357,42 +466,35 @@ struct Consumer {
         fence_accumulator(s);
         fence_accumulator(o);
         issue_qk(st);
-        if constexpr (kVote) {
-          issue_pv(st_prev, skip_prev);
-        } else {
-          issue_pv(st_prev);
-        }
+        issue_pv<kVote>(st_prev, skip_prev, half_prev);
         turn_end();
         wgmma_wait<1>();
         fence_accumulator(s);
         release(sm.k_empty(st));
-        const bool skip = softmax_step<kVote>(kb_next * Tr::kBlockK, alpha);
+        const bool skip = softmax_step<kVote>(kt, alpha);
         wgmma_wait<0>();
         fence_accumulator(o);
         fence_p();
         release(sm.v_empty(st_prev));
         rescale_and_pack(alpha);
         skip_prev = skip;
+        half_prev = kt.kb[1] < 0;
         st_prev = st;
         parity_prev = parity;
       }
-      // PV of the last block.
+      release(sm.q_empty());  // every QK^T of this query block has completed (waited above)
+      // PV of the last tile.
       barrier_wait(sm.v_full(st_prev), parity_prev);
       turn_begin();
       wgmma_fence();
       fence_accumulator(o);
-      if constexpr (kVote) {
-          issue_pv(st_prev, skip_prev);
-        } else {
-          issue_pv(st_prev);
-        }
+      issue_pv<kVote>(st_prev, skip_prev, half_prev);
       turn_end();
       wgmma_wait<0>();
       fence_accumulator(o);
       fence_p();
       release(sm.v_empty(st_prev));
     }
-    if (kPingpong && cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);  // the turn warpgroup 1 passed last
 
     // Epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows).
     std::int64_t o_row[2];
@@ -406,6 +508,16 @@ struct Consumer {
   }
 };
 
+// The tile of order slot `slot` (the sorted order when the launch made one, else the slot itself).
+__device__ __forceinline__ int tile_at(const Sm90Params& P, int slot) {
+  return P.order != nullptr ? __ldg(P.order + slot) : slot;
+}
+template <class Tr>
+__device__ __forceinline__ int visible_of(const KernelParams& p, const Tile& t) {
+  const int rows = min(Tr::kBlockQ, t.sq - t.q0);
+  return visible_blocks(t.q0, rows, t.sq, t.sk, Tr::kBlockK, p.is_causal);
+}
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel(const __grid_constant__ Sm90Params P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -414,15 +526,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
   Smem<Tr> sm;
   sm.base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
-  const int tile_index = P.order != nullptr ? __ldg(P.order + blockIdx.x) : static_cast<int>(blockIdx.x);
-  const Tile t = make_tile(p, tile_index, Tr::kBlockQ);
-  if (t.q0 >= t.sq) return;  // uniform: the whole CTA leaves before any barrier exists
-  const int rows = min(Tr::kBlockQ, t.sq - t.q0);
-  const int visible = visible_blocks(t.q0, rows, t.sq, t.sk, Tr::kBlockK, p.is_causal);
-
   const int tid = threadIdx.x;
   if (tid == 0) {
     barrier_init(sm.q_full(), 1);
+    barrier_init(sm.q_empty(), Tr::kConsumers * 4);
     for (int s = 0; s < Tr::kStages; ++s) {
       barrier_init(sm.k_full(s), 1);
       barrier_init(sm.v_full(s), 1);
@@ -433,18 +540,47 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
   }
   __syncthreads();
 
+  // CTA x computes tiles (slots of the order) x, x + grid, ... below num_tiles: one tile when the
+  // grid covers them all, several when the launch is persistent. Every role walks the same slots
+  // and skips the same (uniformly) empty tiles, so the Q phase and the K/V ring stay in step.
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // provably warp-uniform for ptxas
   if (wg == 0) {
     registers_release<Tr::kProducerRegs>();
-    if (tid == 0) producer<Tr>(P, sm, t, make_iter(p, t, visible));
+    if (tid == 0) {
+      Ring<Tr> ring;
+      std::uint32_t q_phase = 0;
+      for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
+        const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
+        if (t.q0 >= t.sq) continue;
+        producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), q_phase, ring);
+        q_phase ^= 1;
+      }
+    }
   } else {
     registers_claim<Tr::kConsumerRegs>();
-    Consumer<Tr> c(p, sm, t, wg - 1, tid % 128);
-    if (p.use_pv_threshold) {
-      c.template run<true>(make_iter(p, t, visible));
-    } else {
-      c.template run<false>(make_iter(p, t, visible));
+    const int cw = wg - 1;
+    // The pingpong turns alternate across all tiles of the CTA (both warpgroups take n + 1 turns
+    // per tile, n the same for both): warpgroup 1 opens with an arrive, warpgroup 0 closes with a
+    // sync, so the named barriers are balanced at exit.
+    const bool pingpong = Tr::kConsumers == 2 && (P.variant & kVariantNoPingpong) == 0;
+    if (pingpong && cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
+    Ring<Tr> ring;
+    std::uint32_t q_phase = 0;
+    for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
+      const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
+      if (t.q0 >= t.sq) continue;
+      Consumer<Tr> c(p, sm, t, cw, tid % 128, P.variant);
+      const BlockIter it = make_iter(p, t, visible_of<Tr>(p, t));
+      if constexpr (Tr::kPair) {
+        c.template run<false>(it, q_phase, ring);  // the launcher pairs only without pv_threshold
+      } else if (p.use_pv_threshold) {
+        c.template run<true>(it, q_phase, ring);
+      } else {
+        c.template run<false>(it, q_phase, ring);
+      }
+      q_phase ^= 1;
     }
+    if (pingpong && cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);  // the turn warpgroup 1 passed last
   }
 #else
   (void)P;
@@ -456,9 +592,8 @@ cudaError_t Kernel<T, HD, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
   return cudaFuncGetAttributes(attr, attention_kernel<Traits<T, HD, BLKQ, BLKK>>);
 }
 
-template <class T, int HD, int BLKQ, int BLKK>
-cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
-  using Tr = Traits<T, HD, BLKQ, BLKK>;
+template <class Tr>
+cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
   auto* kernel = attention_kernel<Tr>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -467,11 +602,12 @@ cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles
   // is greedy longest-first, within a length class of the optimum for skewed LUTs. Without the
   // scratch (allocation failure) the tiles run in index order.
   Sm90Params q = p;
+  q.num_tiles = num_tiles;
   std::int32_t* order = nullptr;
   int dev = 0, sms = 0;
-  if (p.p.lut != nullptr && cudaGetDevice(&dev) == cudaSuccess &&
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-      num_tiles > sms * Tr::kMinBlocks) {
+  const bool have_sms = cudaGetDevice(&dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0;
+  if (p.p.lut != nullptr && have_sms && num_tiles > sms * Tr::kMinBlocks) {
     if (cudaMallocAsync(reinterpret_cast<void**>(&order), sizeof(std::int32_t) * num_tiles, stream) == cudaSuccess) {
       if (order_tiles_by_count(p.p, num_tiles, order, stream) == cudaSuccess) q.order = order;
     } else {
@@ -479,10 +615,37 @@ cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles
     }
   }
   cudaGetLastError();  // a failed optional step above must not be reported as the launch's error
-  kernel<<<num_tiles, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
+  // Persistent (variant bit): one CTA per slot the GPU holds at once, each walking tiles x, x + grid,
+  // ... (the producer loads the next tile's Q and K while the consumers finish the last PV and store
+  // O). Otherwise one CTA per tile.
+  int grid = num_tiles;
+  if ((p.variant & kVariantPersistent) != 0 && have_sms && num_tiles > sms * Tr::kMinBlocks) {
+    grid = sms * Tr::kMinBlocks;
+  }
+  if ((p.variant & kVariantPersistentTest) != 0 && num_tiles > 3) grid = 3;  // every CTA walks many tiles
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
   err = cudaGetLastError();
   if (order != nullptr) cudaFreeAsync(order, stream);
   return err;
+}
+
+template <class T, int HD, int BLKQ, int BLKK>
+cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
+  Sm90Params q = p;
+  q.variant = variant_bits();
+  // 64-key LUT blocks are computed two per 128-key tile unless pv_threshold is on (its skip is
+  // decided per LUT block) or the variant bits say otherwise. BLKQ 64 at head dim 128 pairs only
+  // on request: its 113 KiB leave one 128-key stage (two 64-key stages unpaired).
+  if constexpr (BLKK == 64) {
+    const bool pair = !p.p.use_pv_threshold && (q.variant & kVariantNoPair) == 0 &&
+                      (BLKQ == 128 || HD == 64 || (q.variant & kVariantPairQ64) != 0);
+    if (pair) {
+      const cudaError_t err = launch_kernel<Traits<T, HD, BLKQ, BLKK, true>>(q, num_tiles, stream);
+      if (err != cudaErrorInvalidValue) return err;
+      cudaGetLastError();  // its shared memory was refused: run unpaired
+    }
+  }
+  return launch_kernel<Traits<T, HD, BLKQ, BLKK>>(q, num_tiles, stream);
 }
 
 }  // namespace sparge::cuda::attn::sm90

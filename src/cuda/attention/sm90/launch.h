@@ -19,7 +19,27 @@ struct Sm90Params {
   // launch orders them by LUT row length, longest first, so the block scheduler's greedy dispatch
   // balances skewed LUTs); nullptr: CTA i computes tile i. Set by Kernel::launch.
   const std::int32_t* order = nullptr;
+  int variant = 0;    // SPARGE_SM90_VARIANT bits (kVariant*), set by Kernel::launch
+  int num_tiles = 0;  // query tiles (slots of `order`); CTA x computes slots x, x + grid, ...
 };
+
+// SPARGE_SM90_VARIANT: bits that switch uncertain performance choices, read on every launch (so one
+// process can compare them); unset or unparsable = 0 = the defaults. Results are the same up to
+// summation order (pairing changes the order of the online softmax, deterministically).
+constexpr int kVariantNoPair = 1;      // 64-key LUT blocks as 64-key tiles (no pairing)
+constexpr int kVariantPairQ64 = 2;     // pair also at BLKQ 64, head dim 128 (one 128-key stage)
+constexpr int kVariantNoPingpong = 4;  // the two consumer warpgroups issue without taking turns
+constexpr int kVariantDenseQ192 = 8;
+constexpr int kVariantPersistent = 16;  // persistent CTAs (grid = CTAs the GPU holds at once)
+constexpr int kVariantPersistentTest = 32;  // test hook: persistent with a grid of 3 CTAs (many tiles each)  // dense head dim 64: 192 x 128 tiles, 3 consumer warpgroups (FA3's)
+int variant_bits();
+
+// The dense tile of the Hopper kernel for this call (the variant bits above, read now): 128 x 128
+// by default.
+struct DenseTile {
+  int blkq, blkk;
+};
+DenseTile dense_tile(int head_dim, bool causal);
 
 // Writes into order[0, num_tiles) the tiles (index as CTAs see them) sorted by the length of their
 // LUT row, longest first, stably within a power-of-two length class (neighbouring tiles of one
@@ -29,9 +49,10 @@ cudaError_t order_tiles_by_count(const KernelParams& p, int num_tiles, std::int3
 // One consumer warpgroup per 64 query rows plus one producer warpgroup.
 constexpr int consumer_warpgroups(int blkq) { return blkq / 64; }
 constexpr int threads_per_cta(int blkq) { return 128 * (1 + consumer_warpgroups(blkq)); }
-// BLKQ 128: one CTA per SM with the whole 227 KiB; BLKQ 64: two CTAs per SM (113 KiB each).
-constexpr int ctas_per_sm(int blkq) { return blkq == 128 ? 1 : 2; }
-constexpr int smem_budget(int blkq) { return blkq == 128 ? 232448 : 115712; }
+// BLKQ 128 (and 192, dense head dim 64 only): one CTA per SM with the whole 227 KiB; BLKQ 64: two
+// CTAs per SM (113 KiB each).
+constexpr int ctas_per_sm(int blkq) { return blkq >= 128 ? 1 : 2; }
+constexpr int smem_budget(int blkq) { return blkq >= 128 ? 232448 : 115712; }
 constexpr int kSmemSlack = 1024 + 256;  // 1024-byte alignment of the tiles + the barriers
 constexpr int q_bytes(int hd, int blkq) { return blkq * hd * 2; }
 constexpr int kv_bytes(int hd, int blkk) { return blkk * hd * 2; }
