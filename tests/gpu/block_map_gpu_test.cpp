@@ -853,17 +853,28 @@ void bench_block_map() {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const char* on = std::getenv("SPARGE_BENCH");
   if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "set SPARGE_BENCH=1";
+  // The shape (b2 h32 s16384) at the Python default blocks (64 x 64), 128 x 64, 64 x 128,
+  // both layouts, d128 and d64; then fixed b*h*s = 1M rows up to s = 262144 (time may grow at most
+  // linearly in s there). smooth_k on (the API default) except where a row says off.
   struct Shape {
     int b, h;
     std::int64_t s;
-    int blkk;
+    int d, blkq, blkk;
+    bool hnd, smooth;
   };
-  const Shape shapes[] = {{2, 32, 16384, 128}, {1, 64, 16384, 64}, {1, 16, 65536, 64}, {1, 4, 262144, 64}};
-  constexpr int d = 128, blkq = 64;
+  const Shape shapes[] = {
+      {2, 32, 16384, 128, 64, 64, false, true},   {2, 32, 16384, 128, 64, 64, true, true},
+      {2, 32, 16384, 128, 128, 64, false, true},  {2, 32, 16384, 128, 128, 64, true, true},
+      {2, 32, 16384, 128, 64, 128, false, true},  {2, 32, 16384, 128, 64, 128, false, false},
+      {2, 32, 16384, 128, 64, 64, false, false},  {2, 32, 16384, 64, 64, 64, true, true},
+      {1, 64, 16384, 128, 64, 64, false, true},   {1, 16, 65536, 128, 64, 64, false, true},
+      {1, 4, 262144, 128, 64, 64, false, true},   {1, 16, 65536, 128, 128, 64, false, true},
+      {1, 4, 262144, 128, 128, 64, false, true},
+  };
   std::size_t max_el = 0, max_lut = 0, max_rows = 0;
   for (const Shape& sh : shapes) {
-    const std::int64_t rows = sh.b * sh.h * num_blocks(sh.s, blkq);
-    max_el = std::max(max_el, static_cast<std::size_t>(sh.b * sh.s * sh.h * d));
+    const std::int64_t rows = sh.b * sh.h * num_blocks(sh.s, sh.blkq);
+    max_el = std::max(max_el, static_cast<std::size_t>(sh.b * sh.s * sh.h * sh.d));
     max_lut = std::max(max_lut, static_cast<std::size_t>(rows * num_blocks(sh.s, sh.blkk)));
     max_rows = std::max(max_rows, static_cast<std::size_t>(rows));
   }
@@ -891,40 +902,45 @@ void bench_block_map() {
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
   static const float topk = 0.4f, sim = 0.001f;
   for (const Shape& sh : shapes) {
-    for (bool smooth : {true, false}) {
-      const std::int64_t nq = num_blocks(sh.s, blkq), nk = num_blocks(sh.s, sh.blkk);
-      BlockMapParams p;
-      p.q = make_tensor(q, DType::f16, {sh.b, sh.s, sh.h, d});
-      p.k = make_tensor(k, DType::f16, {sh.b, sh.s, sh.h, d});
-      p.blkq = blkq;
-      p.blkk = sh.blkk;
-      p.topk = PerHead(&topk, 1);
-      p.simthreshd1 = PerHead(&sim, 1);
-      p.smooth_k = smooth;
-      p.lut = make_tensor(lut, DType::i32, {sh.b, sh.h, nq, nk});
-      p.counts = make_tensor(counts, DType::i32, {sh.b, sh.h, nq});
-      p.exec.backend = Backend::cuda;
-      for (int i = 0; i < 3; ++i) ASSERT_TRUE(build_block_map(p).ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<float> ms;
-      for (int rep = 0; rep < 10; ++rep) {
-        ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
-        const Status st = build_block_map(p);
-        ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
-        ASSERT_TRUE(st.ok()) << st.message();
-        ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-        float t = 0.0f;
-        ASSERT_EQ(cudaEventElapsedTime(&t, e0, e1), cudaSuccess);
-        ms.push_back(t);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double med = 0.5 * (ms[4] + ms[5]);
-      const double qk_bytes = 2.0 * static_cast<double>(sh.b * sh.s * sh.h * d) * 2.0;
-      std::printf("[ bench ] block map b%d h%d s%lld d%d blkq%d blkk%d f16 topk0.4 smooth_k=%d: median %.4f ms "
-                  "(min %.4f, max %.4f); one Q+K read %.0f MB -> %.0f GB/s\n",
-                  sh.b, sh.h, static_cast<long long>(sh.s), d, blkq, sh.blkk, smooth ? 1 : 0, med, ms.front(),
-                  ms.back(), qk_bytes / 1e6, qk_bytes / (med * 1e-3) / 1e9);
+    const std::int64_t nq = num_blocks(sh.s, sh.blkq), nk = num_blocks(sh.s, sh.blkk);
+    const std::int64_t B = sh.b, S = sh.s, H = sh.h, D = sh.d;
+    BlockMapParams p;
+    if (sh.hnd) {
+      p.q = make_tensor(q, DType::f16, {B, S, H, D}, {H * S * D, D, S * D, 1});
+      p.k = make_tensor(k, DType::f16, {B, S, H, D}, {H * S * D, D, S * D, 1});
+    } else {
+      p.q = make_tensor(q, DType::f16, {B, S, H, D});
+      p.k = make_tensor(k, DType::f16, {B, S, H, D});
     }
+    p.blkq = sh.blkq;
+    p.blkk = sh.blkk;
+    p.topk = PerHead(&topk, 1);
+    p.simthreshd1 = PerHead(&sim, 1);
+    p.smooth_k = sh.smooth;
+    p.lut = make_tensor(lut, DType::i32, {B, H, nq, nk});
+    p.counts = make_tensor(counts, DType::i32, {B, H, nq});
+    p.exec.backend = Backend::cuda;
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(build_block_map(p).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> ms;
+    for (int rep = 0; rep < 10; ++rep) {
+      ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
+      const Status st = build_block_map(p);
+      ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
+      ASSERT_TRUE(st.ok()) << st.message();
+      ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+      float t = 0.0f;
+      ASSERT_EQ(cudaEventElapsedTime(&t, e0, e1), cudaSuccess);
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = 0.5 * (ms[4] + ms[5]);
+    const double qk_bytes = 2.0 * static_cast<double>(B * S * H * D) * 2.0;
+    std::printf("[ bench ] block map b%d h%d s%lld d%d blkq%d blkk%d %s f16 topk0.4 smooth_k=%d: median %.4f ms "
+                "(min %.4f, max %.4f); one Q+K read %.0f MB -> %.0f GB/s; %.1fM row-key pairs\n",
+                sh.b, sh.h, static_cast<long long>(sh.s), sh.d, sh.blkq, sh.blkk, sh.hnd ? "hnd" : "nhd",
+                sh.smooth ? 1 : 0, med, ms.front(), ms.back(), qk_bytes / 1e6, qk_bytes / (med * 1e-3) / 1e9,
+                static_cast<double>(B * H * nq * nk) / 1e6);
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);

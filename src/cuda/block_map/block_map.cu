@@ -5,7 +5,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/block_map/block_map.cuh"
@@ -143,6 +147,66 @@ cudaError_t scratch_pool(cudaMemPool_t& out) {
   return cudaSuccess;
 }
 
+// SPARGE_BLOCKMAP_PROFILE=1 (read per call): a CUDA event after each launch, and one line on stderr
+// per call with the time of every stage (ms) and the total from the first launch. The print waits
+// for the last event, so profiling adds a host synchronization per call; off, it costs nothing.
+class StageTimer {
+ public:
+  explicit StageTimer(cudaStream_t stream) : stream_(stream) {
+    const char* v = std::getenv("SPARGE_BLOCKMAP_PROFILE");
+    on_ = v != nullptr && v[0] != '\0' && v[0] != '0';
+    if (on_) mark("start");
+  }
+  ~StageTimer() {
+    for (auto& m : marks_) cudaEventDestroy(m.second);
+  }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+  static void mark_fn(void* self, const char* stage) { static_cast<StageTimer*>(self)->mark(stage); }
+  Marks marks() { return on_ ? Marks{&StageTimer::mark_fn, this} : Marks{}; }
+
+  void mark(const char* stage) {
+    if (!on_) return;
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess || cudaEventRecord(e, stream_) != cudaSuccess) {
+      if (e != nullptr) cudaEventDestroy(e);
+      (void)cudaGetLastError();
+      on_ = false;  // timing is best effort; the block map itself goes on
+      return;
+    }
+    marks_.emplace_back(stage, e);
+  }
+
+  void print(const Geometry& g, const char* pool_variant, const char* scores_variant, const char* select_variant) {
+    if (!on_ || marks_.size() < 2 || cudaEventSynchronize(marks_.back().second) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    std::string line = detail::cat("sparge block map profile: nseq ", g.nseq, " hq ", g.hq, " hk ", g.hk, " sq ", g.sq,
+                                   " sk ", g.sk, " d ", g.d, " blkq ", g.blkq, " blkk ", g.blkk, " nq ", g.nq, " nk ",
+                                   g.nk, " pool ", pool_variant, " scores ", scores_variant, " select ", select_variant, ":");
+    char buf[96];
+    for (std::size_t i = 1; i < marks_.size(); ++i) {
+      float ms = 0.0f;
+      cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second);
+      std::snprintf(buf, sizeof buf, " %s %.4f |", marks_[i].first, ms);
+      line += buf;
+    }
+    float total = 0.0f;
+    cudaEventElapsedTime(&total, marks_.front().second, marks_.back().second);
+    std::snprintf(buf, sizeof buf, " total %.4f ms", total);
+    line += buf;
+    std::fprintf(stderr, "%s\n", line.c_str());
+    (void)cudaGetLastError();
+  }
+
+ private:
+  cudaStream_t stream_;
+  bool on_ = false;
+  std::vector<std::pair<const char*, cudaEvent_t>> marks_;
+};
+
 }  // namespace
 
 Status supported(const BlockMapParams& p) {
@@ -217,25 +281,29 @@ Status build_block_map(const BlockMapParams& p) {
     if (e != cudaSuccess) return fail(e);
   }
 
+  StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
   phase = "the pooling (K mean, Q and K blocks)";
   if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim), out_of<float>(p.maybe_k_sim),
-                          stream)) != cudaSuccess) {
+                          stream, timer.marks())) != cudaSuccess) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;
   phase = "the pooled scores";
   if ((e = launch_scores(g, scale, s, stream)) != cudaSuccess) return fail(e);
+  timer.mark("scores");
   phase = "the selection";
   if ((e = launch_select(g, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
                          out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
     return fail(e);
   }
+  timer.mark("select");
   e = cudaFreeAsync(base, stream);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return runtime_error(detail::cat(kOp, ": cudaFreeAsync of the scratch failed: ", cudaGetErrorString(e)));
   }
+  timer.print(g, pool_variant_name(), scores_variant(g), select_variant(g.nk));
   return {};
 }
 

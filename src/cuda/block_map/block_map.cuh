@@ -78,24 +78,41 @@ struct SelectRule {
   HeadValues threshold;  // simthreshd1 of each query head (when has_threshold)
 };
 
+// Timing marks between launches (SPARGE_BLOCKMAP_PROFILE=1, block_map.cu): called with the name of
+// the stage that a launch just queued. Empty: no marks.
+struct Marks {
+  void (*fn)(void* ctx, const char* stage) = nullptr;
+  void* ctx = nullptr;
+  void operator()(const char* stage) const {
+    if (fn != nullptr) fn(ctx, stage);
+  }
+};
+
 // Launchers (each checks its launch with cudaGetLastError and returns the error).
 // dtype_bf16 picks the element type of q / k.
 // Pools Q (heads = hq, blocks of blkq) and K (heads = hk, blocks of blkk, shifted by the K mean
 // when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
 // similarities and the optional diagnostic outputs. Two or three launches (pool.cu).
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
-                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st);
+                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
+                           const Marks& marks = {});
 // The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into
 // s.k_mean; the pooling of Q (is_k = false) or of K shifted by `shift` ([nseq, hk, D], or null).
+// Which pooling kernel variant runs (names it in profiles; SPARGE_BLOCKMAP_POOL).
+const char* pool_variant_name();
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
 cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st);
 cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is_k, const float* shift, const Scratch& s,
                             cudaStream_t st);
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st);
+// Which scores kernel the geometry takes (names the variant in profiles).
+const char* scores_variant(const Geometry& g);
 // Bytes of dynamic shared memory the selection kernel for nk key blocks needs (0: nk too large).
 std::size_t select_smem_bytes(std::int64_t nk);
+// Which selection kernel rows of nk key blocks take (names the variant in profiles).
+const char* select_variant(std::int64_t nk);
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st);
 

@@ -19,6 +19,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/block_map/block_map.cuh"
@@ -56,9 +58,16 @@ struct PassArgs {
   Segment seg[2];  // items [0, seg[0].count), then [.., + seg[1].count)
 };
 
-template <class T, int LANES>
-__global__ void __launch_bounds__(kPoolThreads, 3) pass_kernel(const __grid_constant__ PassArgs a) {
+// PREFETCH: the loads of the item's next batch are issued before the current batch is added up
+// (two register sets); without it a warp alternates between loading a batch and adding it. The
+// arithmetic is the same either way (same bits).
+// VEC: 16-byte loads (every Rows::vec); else 8 strided 2-byte loads per lane (any strides).
+// MINB: CTAs per SM the registers are capped for (3 spills ~100 bytes per thread, 2 spills none
+// without PREFETCH).
+template <class T, int LANES, bool PREFETCH, bool VEC, int MINB>
+__global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   constexpr int kRowsPerStep = 32 / LANES;
+  constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int sub = lane % LANES, grp = lane / LANES;
@@ -67,7 +76,8 @@ __global__ void __launch_bounds__(kPoolThreads, 3) pass_kernel(const __grid_cons
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < total; w += stride) {
     const bool first = w < a.seg[0].count;
-    const Segment& sg = first ? a.seg[0] : a.seg[1];
+    const Segment* sgp = first ? &a.seg[0] : &a.seg[1];  // __grid_constant__: no copy
+    const Segment& sg = *sgp;
     std::int64_t i = first ? w : w - a.seg[0].count;
     if (sg.reverse) i = sg.count - 1 - i;
     const std::int64_t h = i % sg.heads, b = (i / sg.heads) % sg.nblk, si = i / (sg.heads * sg.nblk);
@@ -76,6 +86,34 @@ __global__ void __launch_bounds__(kPoolThreads, 3) pass_kernel(const __grid_cons
     const std::int64_t len = sg.is_k ? seq.k_len : seq.q_len;
     const std::int64_t begin = (sg.is_k ? seq.k_begin : seq.q_begin) + b * sg.blk;
     const int n = static_cast<int>(clamp64(len - b * sg.blk, 0, sg.blk));
+    const bool pool = sg.pool;
+
+    // Row r of the item starts at row0 + r * rstep (elements); this lane's 8 values follow at
+    // column step cstep (1 with vector loads).
+    const Rows& x = sg.x;
+    const std::uint16_t* row0 = x.data + seq.batch * x.stride[0] + begin * x.stride[1] + h * x.stride[2];
+    const std::int64_t rstep = x.stride[1], cstep = x.stride[3];
+    const auto fetch = [&](uint4 (&raw)[kBatch], int s0) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = s0 + u * kRowsPerStep + grp;
+        raw[u] = make_uint4(0, 0, 0, 0);
+        if (col_ok && r < n) {
+          const std::uint16_t* p = row0 + r * rstep;
+          if constexpr (VEC) {
+            raw[u] = __ldg(reinterpret_cast<const uint4*>(p + sub * 8));
+          } else {
+            std::uint16_t v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = __ldg(p + (sub * 8 + j) * cstep);
+            raw[u].x = v[0] | (static_cast<std::uint32_t>(v[1]) << 16);
+            raw[u].y = v[2] | (static_cast<std::uint32_t>(v[3]) << 16);
+            raw[u].z = v[4] | (static_cast<std::uint32_t>(v[5]) << 16);
+            raw[u].w = v[6] | (static_cast<std::uint32_t>(v[7]) << 16);
+          }
+        }
+      }
+    };
 
     float shift[8] = {};
     if (sg.shift != nullptr && col_ok) {
@@ -83,20 +121,13 @@ __global__ void __launch_bounds__(kPoolThreads, 3) pass_kernel(const __grid_cons
       for (int j = 0; j < 8; ++j) shift[j] = sg.shift[(si * sg.heads + h) * g.d + sub * 8 + j];
     }
     float sum[8] = {}, unit[8] = {};
-    // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
-    for (int s0 = 0; s0 < n; s0 += kBatch * kRowsPerStep) {
-      uint4 raw[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int r = s0 + u * kRowsPerStep + grp;
-        raw[u] = (col_ok && r < n) ? load8(sg.x, seq.batch, begin + r, h, sub) : make_uint4(0, 0, 0, 0);
-      }
+    const auto consume = [&](const uint4 (&raw)[kBatch], int s0) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const bool valid = col_ok && s0 + u * kRowsPerStep + grp < n;
         float v[8];
         unpack8<T>(raw[u], v);
-        if (!sg.pool) {
+        if (!pool) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) sum[j] += valid ? v[j] : 0.0f;
           continue;
@@ -109,7 +140,7 @@ __global__ void __launch_bounds__(kPoolThreads, 3) pass_kernel(const __grid_cons
         }
         // |row|^2 over the LANES lanes of the row (every lane of the warp takes part).
 #pragma unroll
-        for (int x = LANES / 2; x > 0; x >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, x);
+        for (int xm = LANES / 2; xm > 0; xm >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, xm);
         if (valid) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) sum[j] += v[j];
@@ -121,19 +152,37 @@ __global__ void __launch_bounds__(kPoolThreads, 3) pass_kernel(const __grid_cons
           }
         }
       }
+    };
+    // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
+    uint4 cur[kBatch];
+    if (n > 0) fetch(cur, 0);
+    for (int s0 = 0; s0 < n; s0 += kRowsPerBatch) {
+      const bool more = s0 + kRowsPerBatch < n;
+      if constexpr (PREFETCH) {
+        uint4 nxt[kBatch];
+        if (more) fetch(nxt, s0 + kRowsPerBatch);
+        consume(cur, s0);
+        if (more) {
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) cur[u] = nxt[u];
+        }
+      } else {
+        consume(cur, s0);
+        if (more) fetch(cur, s0 + kRowsPerBatch);
+      }
     }
     // The row groups of the warp, in a fixed tree; lanes of group 0 end with the totals.
 #pragma unroll
-    for (int x = LANES; x < 32; x <<= 1) {
+    for (int xm = LANES; xm < 32; xm <<= 1) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], x);
-        unit[j] += __shfl_xor_sync(0xffffffffu, unit[j], x);
+        sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], xm);
+        unit[j] += __shfl_xor_sync(0xffffffffu, unit[j], xm);
       }
     }
     const bool writer = grp == 0 && col_ok;
     float* out = sg.out + o * g.d + sub * 8;  // 32-byte aligned: D % 8 == 0, regions 256-byte aligned
-    if (!sg.pool) {
+    if (!pool) {
       if (writer) {
         reinterpret_cast<float4*>(out)[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
         reinterpret_cast<float4*>(out)[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
@@ -142,17 +191,17 @@ __global__ void __launch_bounds__(kPoolThreads, 3) pass_kernel(const __grid_cons
     }
     float u2 = 0.0f;
     if (writer) {
-      float p[8];
+      float pm[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        p[j] = n > 0 ? sum[j] / static_cast<float>(n) : 0.0f;
+        pm[j] = n > 0 ? sum[j] / static_cast<float>(n) : 0.0f;
         u2 = fmaf(unit[j], unit[j], u2);
       }
-      reinterpret_cast<float4*>(out)[0] = make_float4(p[0], p[1], p[2], p[3]);
-      reinterpret_cast<float4*>(out)[1] = make_float4(p[4], p[5], p[6], p[7]);
+      reinterpret_cast<float4*>(out)[0] = make_float4(pm[0], pm[1], pm[2], pm[3]);
+      reinterpret_cast<float4*>(out)[1] = make_float4(pm[4], pm[5], pm[6], pm[7]);
     }
 #pragma unroll
-    for (int x = 16; x > 0; x >>= 1) u2 += __shfl_xor_sync(0xffffffffu, u2, x);
+    for (int xm = 16; xm > 0; xm >>= 1) u2 += __shfl_xor_sync(0xffffffffu, u2, xm);
     if (lane == 0) {
       const float fn = static_cast<float>(n);
       const float sim = n > 0 ? u2 / (fn * fn) : 0.0f;
@@ -190,17 +239,45 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
   }
 }
 
+// SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows, for timing
+// comparisons; every variant gives the same bits:
+//   prefetch (default): PREFETCH, 2 CTAs per SM;  base: no prefetch, 2 CTAs per SM (no spills);
+//   base3: no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills).
+enum class PoolVariant { kPrefetch, kBase, kBase3 };
+PoolVariant pool_variant() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
+  if (v != nullptr && std::strcmp(v, "base") == 0) return PoolVariant::kBase;
+  if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
+  return PoolVariant::kPrefetch;
+}
+
 // The 16-bit element type and the lanes per row, as template arguments.
 cudaError_t launch_pass(bool bf16, const PassArgs& a, cudaStream_t st) {
   const std::int64_t items = a.seg[0].count + a.seg[1].count;
   if (items == 0) return cudaSuccess;
   const std::int64_t cols = a.g.d / 8;
+  // Both segments read vector rows or the strided kernel runs (it is correct for any input).
+  const bool vec = a.seg[0].x.vec && (a.seg[1].count == 0 || a.seg[1].x.vec);
+  const PoolVariant variant = pool_variant();
   const auto go = [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
+    const int grid = grid_for(items);
+    const auto run = [&](auto type) {
+      using T = decltype(type);
+      if (!vec) {
+        pass_kernel<T, L, false, false, 2><<<grid, kPoolThreads, 0, st>>>(a);
+      } else if (variant == PoolVariant::kPrefetch) {
+        pass_kernel<T, L, true, true, 2><<<grid, kPoolThreads, 0, st>>>(a);
+      } else if (variant == PoolVariant::kBase) {
+        pass_kernel<T, L, false, true, 2><<<grid, kPoolThreads, 0, st>>>(a);
+      } else {
+        pass_kernel<T, L, false, true, 3><<<grid, kPoolThreads, 0, st>>>(a);
+      }
+    };
     if (bf16) {
-      pass_kernel<__nv_bfloat16, L><<<grid_for(items), kPoolThreads, 0, st>>>(a);
+      run(__nv_bfloat16{});
     } else {
-      pass_kernel<__half, L><<<grid_for(items), kPoolThreads, 0, st>>>(a);
+      run(__half{});
     }
     return cudaGetLastError();
   };
@@ -245,6 +322,14 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
 
 }  // namespace
 
+const char* pool_variant_name() {
+  switch (pool_variant()) {
+    case PoolVariant::kBase: return "base";
+    case PoolVariant::kBase3: return "base3";
+    default: return "prefetch";
+  }
+}
+
 cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st) {
   const std::int64_t work = g.nseq * g.hk;
   if (work == 0) return cudaSuccess;
@@ -268,24 +353,31 @@ cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is
 }
 
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
-                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st) {
+                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
+                           const Marks& marks) {
   PassArgs p1;
   p1.g = g;
   p1.seg[0] = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
   if (!smooth) {
     p1.seg[1] = pool_segment(g, k, true, nullptr, s, maybe_k_sim);
-    return launch_pass(bf16, p1, st);
+    const cudaError_t e = launch_pass(bf16, p1, st);
+    marks("pool Q+K");
+    return e;
   }
   p1.seg[1] = k_sums_segment(g, k, s);
   cudaError_t e = launch_pass(bf16, p1, st);
   if (e != cudaSuccess) return e;
+  marks("pool Q + K sums");
   if ((e = launch_k_mean(g, s, st)) != cudaSuccess) return e;
+  marks("K mean");
 
   PassArgs p2;
   p2.g = g;
   p2.seg[0] = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
-  return launch_pass(bf16, p2, st);
+  e = launch_pass(bf16, p2, st);
+  marks("pool K");
+  return e;
 }
 
 }  // namespace sparge::cuda::block_map

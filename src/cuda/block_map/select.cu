@@ -24,6 +24,8 @@
 #include <cub/block/block_scan.cuh>
 
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/block_map/block_map.cuh"
 
@@ -207,10 +209,133 @@ struct WarpShared {
   float top[kRowWarps];
 };
 
+// The warp's sum of one float per lane in a fixed xor tree: every lane ends with the same bits.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int x = 16; x > 0; x >>= 1) v += __shfl_xor_sync(0xffffffffu, v, x);
+  return v;
+}
+
+// The rule of one row by bit search instead of ranks (kind = kSearch). Rankable key blocks carry
+// w = ~order_bits(S) (ascending w = descending S, finite scores never reach ~0u), the rest w = ~0u.
+// The strict total order of the CPU is (w, kb) ascending; every quantity below is a function of a
+// prefix of that order, so it is monotone in the prefix and its crossing point is found bit by bit
+// (32 steps over w, then, only when several blocks share the crossing w, log2(32 * IPT) steps
+// over kb), with no sort:
+//   top-k: the n-th smallest w by counting (`count(w <= X) >= n`), the blocks with smaller w, and
+//          the first n - count(w < w_n) blocks with w = w_n in block order (ballots);
+//   cdf:   G(prefix) = sum of exp(S - S_max) over the prefix, always added in the same fixed tree
+//          (each lane its IPT values in order, then warp_sum) with the blocks outside the prefix
+//          as zeros. Rounding to nearest is monotone, so G is monotone in the prefix and
+//          G(all) = z; the crossing block is the first whose prefix has G / z >= cdfthreshd.
+// Returns, in keep, the selected blocks (or-ed into the forced ones).
 template <int IPT>
+__device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], const float (&sc)[IPT], int lane,
+                                                 int r, int nv, bool use_topk, float value, bool (&keep)[IPT]) {
+  constexpr int kIdxBits = log2_exact(32 * IPT);
+  std::uint32_t cross_w = 0;  // the w of the last kept block
+  int cross_kb = 0;           // among blocks with w == cross_w, the kept ones have kb <= cross_kb
+  if (use_topk) {
+    const auto want = static_cast<std::int64_t>(floor(static_cast<double>(value) * static_cast<double>(nv)));
+    const int n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
+    if (n == r) {
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) keep[i] = keep[i] || w[i] != ~0u;
+      return;
+    }
+    // The n-th smallest w: bit b of it is 0 iff at least n blocks have w <= prefix | (2^b - 1).
+    std::uint32_t prefix = 0;
+#pragma unroll 1
+    for (int b = 31; b >= 0; --b) {
+      const std::uint32_t x = prefix | ((1u << b) - 1u);
+      unsigned c = 0;
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
+      if (static_cast<int>(__reduce_add_sync(0xffffffffu, c)) < n) prefix |= 1u << b;
+    }
+    cross_w = prefix;
+    unsigned below = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) below += w[i] < cross_w ? 1u : 0u;
+    const int need = n - static_cast<int>(__reduce_add_sync(0xffffffffu, below));  // >= 1 blocks at cross_w
+    // The need-th block with w == cross_w in block order (kb = lane + 32 i ascends with (i, lane)).
+    int taken = 0;
+    cross_kb = -1;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+      const unsigned bal = __ballot_sync(0xffffffffu, w[i] == cross_w);
+      const int c = __popc(bal);
+      if (cross_kb < 0 && taken + c >= need) {
+        // The (need - taken)-th set bit of bal, found by all lanes alike.
+        unsigned m = bal;
+        for (int j = 1; j < need - taken; ++j) m &= m - 1u;
+        cross_kb = (__ffs(m) - 1) + 32 * i;
+      }
+      taken += c;
+    }
+  } else {
+    std::uint32_t w_min = ~0u;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) w_min = w[i] < w_min ? w[i] : w_min;
+    w_min = __reduce_min_sync(0xffffffffu, w_min);
+    // S_max, decoded from the smallest w (exact; a -0 maximum reads as +0, which gives the same
+    // exp(S - S_max) values).
+    const float top = from_order_bits(~w_min);
+    float e[IPT];
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) e[i] = w[i] != ~0u ? expf(sc[i] - top) : 0.0f;
+    const auto mass = [&](auto in_prefix) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) acc += in_prefix(i) ? e[i] : 0.0f;
+      return warp_sum(acc);
+    };
+    const float z = mass([&](int i) { return w[i] != ~0u; });
+    // The smallest w whose prefix (every block with w' <= w) reaches the mass.
+    std::uint32_t prefix = 0;
+#pragma unroll 1
+    for (int b = 31; b >= 0; --b) {
+      const std::uint32_t x = prefix | ((1u << b) - 1u);
+      if (!(mass([&](int i) { return w[i] <= x; }) / z >= value)) prefix |= 1u << b;
+    }
+    cross_w = prefix;
+    if (cross_w == ~0u) {
+      cross_kb = 32 * IPT;  // never reached (value > 1): keep every rankable block
+    } else {
+      int ties = 0;
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) ties += __popc(__ballot_sync(0xffffffffu, w[i] == cross_w));
+      cross_kb = 32 * IPT - 1;
+      if (ties > 1) {
+        // Several blocks share the crossing w: the first of them (in block order) whose prefix
+        // reaches the mass.
+        int pre = 0;
+#pragma unroll 1
+        for (int b = kIdxBits - 1; b >= 0; --b) {
+          const int x = pre | ((1 << b) - 1);
+          const float g = mass([&](int i) { return w[i] < cross_w || (w[i] == cross_w && lane + 32 * i <= x); });
+          if (!(g / z >= value)) pre |= 1 << b;
+        }
+        cross_kb = pre;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < IPT; ++i) {
+    const int kb = lane + 32 * i;
+    if (w[i] != ~0u && (w[i] < cross_w || (w[i] == cross_w && kb <= cross_kb))) keep[i] = true;
+  }
+}
+
+// kind: kCount = ranks by counting smaller keys (O(NK^2 / 32) per warp); kSearch = the bit search
+// above (O(32 NK / 32) per warp). Both select the same blocks for top-k; for cdf they add the
+// probabilities in different fp32 orders (both within rounding of the CPU's fp64).
+enum class WarpKind { kCount, kSearch };
+
+template <int IPT, WarpKind KIND>
 __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __grid_constant__ SelectArgs a) {
   constexpr std::uint64_t kNone = ~std::uint64_t{0};
-  __shared__ WarpShared<IPT> sh;
+  __shared__ WarpShared<KIND == WarpKind::kCount ? IPT : 1> sh;
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
   std::uint64_t* keys = sh.key[wid];
@@ -232,6 +357,7 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __gri
     // ---- 1. items: key = (~order_bits(S) << 32) | kb, ascending = the CPU's order ------------
     float sc[IPT];
     std::uint64_t key[IPT];
+    std::uint32_t wk[IPT];
     bool keep[IPT];
     int rankable = 0;
 #pragma unroll
@@ -245,8 +371,11 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __gri
       }
       const bool rank_me = kb < nv && isfinite(s);
       sc[i] = s;
-      key[i] = rank_me ? (static_cast<std::uint64_t>(~order_bits(s)) << 32) | static_cast<std::uint64_t>(kb) : kNone;
-      keys[kb] = key[i];
+      wk[i] = rank_me ? ~order_bits(s) : ~0u;
+      if constexpr (KIND == WarpKind::kCount) {
+        key[i] = rank_me ? (static_cast<std::uint64_t>(wk[i]) << 32) | static_cast<std::uint64_t>(kb) : kNone;
+        keys[kb] = key[i];
+      }
       keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
       rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
       if (a.maybe_scores.data != nullptr && kb < g.nk) {
@@ -257,61 +386,65 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __gri
     __syncwarp();
     const int r = rankable;  // the same in every lane
 
-    // ---- 2./3. ranks by counting smaller keys, then the rule (uniform over the warp) ---------
+    // ---- 2./3. the rule (uniform over the warp) ----------------------------------------------
     if (!forced_row && r > 0) {
-      int rank[IPT] = {};
-      // Keys past nv are kNone and never smaller than a rankable key.
-      for (int j = 0; j < nv; ++j) {
-        const std::uint64_t kj = keys[j];
-#pragma unroll
-        for (int i = 0; i < IPT; ++i) rank[i] += kj < key[i] ? 1 : 0;
-      }
-      int n;
       const float value = a.rule.value[h];
-      if (a.rule.use_topk) {
-        const auto want = static_cast<std::int64_t>(floor(static_cast<double>(value) * static_cast<double>(nv)));
-        n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
+      if constexpr (KIND == WarpKind::kSearch) {
+        select_by_search<IPT>(wk, sc, lane, r, nv, a.rule.use_topk, value, keep);
       } else {
-        float* e = sh.e[wid];
+        int rank[IPT] = {};
+        // Keys past nv are kNone and never smaller than a rankable key.
+        for (int j = 0; j < nv; ++j) {
+          const std::uint64_t kj = keys[j];
+#pragma unroll
+          for (int i = 0; i < IPT; ++i) rank[i] += kj < key[i] ? 1 : 0;
+        }
+        int n;
+        if (a.rule.use_topk) {
+          const auto want = static_cast<std::int64_t>(floor(static_cast<double>(value) * static_cast<double>(nv)));
+          n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
+        } else {
+          float* e = sh.e[wid];
+#pragma unroll
+          for (int i = 0; i < IPT; ++i) {
+            if (key[i] != kNone && rank[i] == 0) sh.top[wid] = sc[i];
+          }
+          __syncwarp();
+          const float top = sh.top[wid];
+#pragma unroll
+          for (int i = 0; i < IPT; ++i) {
+            if (key[i] != kNone) e[rank[i]] = expf(sc[i] - top);
+          }
+          __syncwarp();
+          // Inclusive sum in rank order: lane l holds ranks l*IPT .. l*IPT+IPT-1.
+          float cum[IPT], local = 0.0f;
+#pragma unroll
+          for (int t = 0; t < IPT; ++t) {
+            local += lane * IPT + t < r ? e[lane * IPT + t] : 0.0f;
+            cum[t] = local;
+          }
+          float incl = local;
+#pragma unroll
+          for (int x = 1; x < 32; x <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, incl, x);
+            if (lane >= x) incl += y;
+          }
+          const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+          const float z = __shfl_sync(0xffffffffu, incl, 31);
+          int cross = INT_MAX;
+#pragma unroll
+          for (int t = 0; t < IPT; ++t) {
+            const int rk = lane * IPT + t;
+            const float c = lane > 0 ? before + cum[t] : cum[t];
+            if (cross == INT_MAX && rk < r && c / z >= value) cross = rk;
+          }
+          cross = __reduce_min_sync(0xffffffffu, cross);
+          n = cross == INT_MAX ? r : cross + 1;
+        }
 #pragma unroll
         for (int i = 0; i < IPT; ++i) {
-          if (key[i] != kNone && rank[i] == 0) sh.top[wid] = sc[i];
+          if (key[i] != kNone && rank[i] < n) keep[i] = true;
         }
-        __syncwarp();
-        const float top = sh.top[wid];
-#pragma unroll
-        for (int i = 0; i < IPT; ++i) {
-          if (key[i] != kNone) e[rank[i]] = expf(sc[i] - top);
-        }
-        __syncwarp();
-        // Inclusive sum in rank order: lane l holds ranks l*IPT .. l*IPT+IPT-1.
-        float cum[IPT], local = 0.0f;
-#pragma unroll
-        for (int t = 0; t < IPT; ++t) {
-          local += lane * IPT + t < r ? e[lane * IPT + t] : 0.0f;
-          cum[t] = local;
-        }
-        float incl = local;
-#pragma unroll
-        for (int x = 1; x < 32; x <<= 1) {
-          const float y = __shfl_up_sync(0xffffffffu, incl, x);
-          if (lane >= x) incl += y;
-        }
-        const float before = __shfl_up_sync(0xffffffffu, incl, 1);
-        const float z = __shfl_sync(0xffffffffu, incl, 31);
-        int cross = INT_MAX;
-#pragma unroll
-        for (int t = 0; t < IPT; ++t) {
-          const int rk = lane * IPT + t;
-          const float c = lane > 0 ? before + cum[t] : cum[t];
-          if (cross == INT_MAX && rk < r && c / z >= value) cross = rk;
-        }
-        cross = __reduce_min_sync(0xffffffffu, cross);
-        n = cross == INT_MAX ? r : cross + 1;
-      }
-#pragma unroll
-      for (int i = 0; i < IPT; ++i) {
-        if (key[i] != kNone && rank[i] < n) keep[i] = true;
       }
     }
 
@@ -334,12 +467,24 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __gri
 }
 
 template <int IPT>
-cudaError_t launch_warp(const SelectArgs& a, cudaStream_t st) {
+cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
   const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
   if (rows == 0) return cudaSuccess;
   const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
-  select_warp_kernel<IPT><<<static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid), 32 * kRowWarps, 0, st>>>(a);
+  const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
+  if (kind == WarpKind::kCount) {
+    select_warp_kernel<IPT, WarpKind::kCount><<<grid, 32 * kRowWarps, 0, st>>>(a);
+  } else {
+    select_warp_kernel<IPT, WarpKind::kSearch><<<grid, 32 * kRowWarps, 0, st>>>(a);
+  }
   return cudaGetLastError();
+}
+
+// SPARGE_BLOCKMAP_SELECT=count (read per call) picks the counting ranks for rows of at most 256
+// key blocks, for timing comparisons; the default is the bit search.
+WarpKind warp_kind() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
+  return v != nullptr && std::strcmp(v, "count") == 0 ? WarpKind::kCount : WarpKind::kSearch;
 }
 
 template <int NT, int IPT>
@@ -376,11 +521,16 @@ std::size_t select_smem_bytes(std::int64_t nk) {
   return 0;
 }
 
+const char* select_variant(std::int64_t nk) {
+  if (nk <= 256) return warp_kind() == WarpKind::kCount ? "warp-count" : "warp-search";
+  return "cta-sort";
+}
+
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st) {
   const SelectArgs a{g, rule, s, lut, counts, maybe_scores};
-  if (g.nk <= 128) return launch_warp<4>(a, st);
-  if (g.nk <= 256) return launch_warp<8>(a, st);
+  if (g.nk <= 128) return launch_warp<4>(a, warp_kind(), st);
+  if (g.nk <= 256) return launch_warp<8>(a, warp_kind(), st);
   if (g.nk <= 1024) return launch<256, 4>(a, st);
   if (g.nk <= 2048) return launch<256, 8>(a, st);
   if (g.nk <= 4096) return launch<512, 8>(a, st);
