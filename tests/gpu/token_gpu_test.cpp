@@ -845,5 +845,203 @@ SPARGE_CASES(TopkGpuStress) {
     }
   }
 }
+
+// ---- gather_attention: long lists, every attention path and union-kernel path ------------------
+// 2048-key lists (hd128 and hd64, union on and off, counts and union sizes that are not multiples
+// of the 64-position step, a tail group cut off by Sq), each result checked against the fp64
+// oracle under every SPARGE_GATHER_PATH, and the union kernel's phase-B variants (one CTA per
+// group / clusters; shared-memory mask batches of a few rows; global atomics) via its env knobs.
+namespace gather_long {
+
+// Sets an environment variable for the scope (nullptr: unset), then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value != nullptr) ::setenv(name, value, 1); else ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, old_.c_str(), 1); else ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+const char* const kPaths[] = {"default", "mma64", "mma128", "wgmma", "wgmma256"};
+
+}  // namespace gather_long
+
+SPARGE_CASES(GatherGpuLong) {
+  using namespace gather_long;
+  const GCase shapes[] = {
+      // hd128, 2048 keys, 4 heads per kv head x 64 positions = 256-row groups, Sq = 130: a
+      // 2-position tail group; counts in [1024, 2048], 5% empty rows, rows swap 2% of the keys.
+      {1, 8, 2, 130, 4096, 128, 2048, DType::f16, false, false, 0.05, 64, 0.02},
+      // hd64 bf16, causal, f32 output, n_max = 2000 (union sizes not multiples of 64).
+      {1, 8, 2, 100, 3000, 64, 2000, DType::bf16, true, true, 0.05, 32, 0.05},
+      // n_max = 2046: not a multiple of 4, the union kernel's scalar list loads.
+      {1, 4, 1, 70, 2500, 128, 2046, DType::f16, false, false, 0.0, 16, 0.1},
+      // every row lists the same 2048 keys: every mask word full (the unmasked softmax branch).
+      {1, 8, 2, 128, 4096, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0},
+  };
+  for (const GCase& c : shapes) {
+    const std::string name = gname("GATHER_GPU_LONG", c) + "_swap" + std::to_string(c.swap);
+    cases.push_back({name, [c, name] {
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       const GProblem g = make_gather(c, name);
+                       std::vector<double> o_ref, lse_ref, o_lp, lse_lp;
+                       gather_reference(g, false, o_ref, lse_ref);
+                       gather_reference(g, true, o_lp, lse_lp);
+                       std::vector<float> o_lpf(o_lp.begin(), o_lp.end());
+                       const double lowp_err = max_abs_err(o_lpf, o_ref);
+                       for (const char* path : kPaths) {
+                         ScopedEnv env("SPARGE_GATHER_PATH", std::strcmp(path, "default") == 0 ? nullptr : path);
+                         const std::string tag = std::string("path=") + path;
+                         check_gather(run_gather(g, Backend::cuda, false), o_ref, lse_ref, lowp_err, tag + " per-row");
+                         for (int ur : {64, 7}) {
+                           check_gather(run_gather(g, Backend::cuda, true, ur), o_ref, lse_ref, lowp_err,
+                                        tag + " group_union ur=" + std::to_string(ur));
+                         }
+                       }
+                       // The union kernel's variants (default attention path).
+                       struct Knob { const char* ctas; const char* mask_rows; };
+                       for (const Knob k : {Knob{"1", nullptr}, Knob{"2", nullptr}, Knob{nullptr, "3"}, Knob{nullptr, "0"},
+                                            Knob{"1", "5"}}) {
+                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", k.ctas);
+                         ScopedEnv e2("SPARGE_GATHER_UNION_MASK_ROWS", k.mask_rows);
+                         const std::string tag = std::string("ctas=") + (k.ctas ? k.ctas : "auto") +
+                                                 " mask_rows=" + (k.mask_rows ? k.mask_rows : "auto");
+                         check_gather(run_gather(g, Backend::cuda, true, 64), o_ref, lse_ref, lowp_err, tag + " ur=64");
+                         check_gather(run_gather(g, Backend::cuda, true, 7), o_ref, lse_ref, lowp_err, tag + " ur=7");
+                       }
+                     }});
+  }
+  // Bitwise determinism over relaunches, per attention path and union-kernel variant.
+  cases.push_back({"GATHER_GPU_LONG_RELAUNCH(runs=20,paths+union_ctas)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const GCase c{1, 8, 2, 96, 4096, 128, 2048, DType::f16, true, false, 0.05, 32, 0.05};
+                     const GProblem g = make_gather(c, "GATHER_GPU_LONG_RELAUNCH");
+                     for (const char* path : kPaths) {
+                       for (const char* ctas : {"1", "8"}) {
+                         ScopedEnv env("SPARGE_GATHER_PATH", std::strcmp(path, "default") == 0 ? nullptr : path);
+                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
+                         SCOPED_TRACE(std::string("path=") + path + " ctas=" + ctas);
+                         for (bool uni : {false, true}) {
+                           const GOut first = run_gather(g, Backend::cuda, uni);
+                           ASSERT_TRUE(first.st.ok()) << first.st.message();
+                           for (int run = 1; run < 20; ++run) {
+                             const GOut again = run_gather(g, Backend::cuda, uni);
+                             ASSERT_EQ(std::memcmp(first.o.data(), again.o.data(), first.o.size() * 4), 0) << "run " << run;
+                             ASSERT_EQ(std::memcmp(first.lse.data(), again.lse.data(), first.lse.size() * 4), 0) << "run " << run;
+                           }
+                         }
+                       }
+                     }
+                   }});
+  // Bad lists reported exactly under every union-kernel variant (cluster rows split over CTAs).
+  cases.push_back({"GATHER_GPU_LONG_BADLIST(union_variants)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const GCase c{1, 8, 2, 40, 3000, 64, 256, DType::f16, false, false, -1.0, 8, 0.0};  // every row full
+                     GProblem g = make_gather(c, "GATHER_GPU_LONG_BADLIST");
+                     // Row (0, 5, 33) = linear 5 * 40 + 33 = 233 lists key g.idx[t=0] again at t = 100.
+                     const std::int64_t row = 5 * 40 + 33;
+                     g.counts[static_cast<size_t>(row)] = 256;
+                     const std::int32_t dup = g.idx[static_cast<size_t>(row * 256)];
+                     g.idx[static_cast<size_t>(row * 256 + 100)] = dup;
+                     const std::string want = "indices[0, 5, 33, 100] = " + std::to_string(dup) + " repeats an earlier entry";
+                     for (const char* ctas : {"1", "2", "8"}) {
+                       for (const char* mr : {static_cast<const char*>(nullptr), "0", "3"}) {
+                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
+                         ScopedEnv e2("SPARGE_GATHER_UNION_MASK_ROWS", mr);
+                         for (bool uni : {false, true}) {
+                           const GOut out = run_gather(g, Backend::cuda, uni, 16);
+                           EXPECT_EQ(out.st.code(), StatusCode::invalid_argument) << "ctas=" << ctas;
+                           EXPECT_NE(out.st.message().find(want), std::string::npos) << out.st.message();
+                         }
+                       }
+                     }
+                   }});
+}
+
+
+// PERF.md's gather shape (hd128, 2048 keys per row, union_rows 64, every row full, swap 0) under
+// each attention path and union-kernel cluster size: [perf] lines with the median time and TFLOPS
+// on attended keys, a [gather profile] line per variant (union / attention split of the first
+// wave), and max |O - O(default path)| as a gross check at full size.
+SPARGE_CASES(GatherGpuPerfPaths) {
+  cases.push_back({"GATHER_GPU_PERF_PATHS(b=1,hq=32,hk=8,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     using gather_long::ScopedEnv;
+                     const GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
+                     const GProblem g = make_gather(c, "GATHER_GPU_PERF_PATHS");
+                     DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2), o(g.q.size() * 2);
+                     dq.upload(to_bytes(g.q, c.t));
+                     dk.upload(to_bytes(g.k, c.t));
+                     dv.upload(to_bytes(g.v, c.t));
+                     DeviceGuarded<std::int32_t> di(g.idx.size()), dc(g.counts.size());
+                     di.upload(g.idx);
+                     dc.upload(g.counts);
+                     GatherAttentionParams p;
+                     p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
+                     p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
+                     p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
+                     p.o = make_tensor(o.data(), c.t, {c.b, c.sq, c.hq, c.d});
+                     p.indices = make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
+                     p.counts = make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+                     p.exec = gpu_exec();
+                     p.group_union = true;
+                     p.union_rows = 64;
+                     const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
+                     ASSERT_TRUE(gather_attention(p).ok());
+                     SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+                     const std::vector<unsigned char> ref = o.download();
+                     for (const char* path : {"mma64", "mma128", "wgmma", "wgmma256"}) {
+                       for (const char* ctas : {"1", "8"}) {
+                         ScopedEnv env("SPARGE_GATHER_PATH", path);
+                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
+                         cudaEvent_t e0, e1v;
+                         SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
+                         SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
+                         std::vector<float> ms;
+                         for (int it = 0; it < 13; ++it) {
+                           SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+                           ASSERT_TRUE(gather_attention(p).ok());
+                           SPARGE_CUDA_CHECK(cudaEventRecord(e1v));
+                           SPARGE_CUDA_CHECK(cudaEventSynchronize(e1v));
+                           float x = 0;
+                           SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1v));
+                           if (it >= 3) ms.push_back(x);
+                         }
+                         cudaEventDestroy(e0);
+                         cudaEventDestroy(e1v);
+                         std::sort(ms.begin(), ms.end());
+                         const double med = ms[ms.size() / 2];
+                         {
+                           ScopedEnv e2("SPARGE_GATHER_PROFILE", "1");
+                           ASSERT_TRUE(gather_attention(p).ok());
+                         }
+                         SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+                         const std::vector<unsigned char> out = o.download();
+                         double diff = 0;
+                         for (size_t i = 0; i + 1 < out.size(); i += 2) {
+                           diff = std::max(diff, static_cast<double>(std::abs(load_as_float(out.data(), c.t, static_cast<std::int64_t>(i / 2)) -
+                                                                            load_as_float(ref.data(), c.t, static_cast<std::int64_t>(i / 2)))));
+                         }
+                         std::printf("[perf] gather hd128 keys=2048 union_rows=64 swap=0 path=%s union_ctas=%s: median %.3f ms (min %.3f max %.3f), "
+                                     "%.1f TFLOPS on attended keys; max |O - O(default)| = %.2e\n",
+                                     path, ctas, med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, diff);
+                         EXPECT_LE(diff, 2e-2) << path;
+                       }
+                     }
+                   }});
+}
+
 }  // namespace
 }  // namespace sparge::test

@@ -22,10 +22,16 @@
 
 namespace sparge::cuda::gather {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBM = 16 * kWarps;  // rows per tile: each warp owns 16 rows
-constexpr int kBN = 64;           // union positions per step = one 64-bit mask word
+// A tile is W warps x 16 rows (W = 4 or 8: 64- or 128-row tiles, AttnShape); each step gathers 64
+// union positions (one 64-bit mask word per row).
+constexpr int kBN = 64;
+template <int W>
+struct AttnShape {
+  static constexpr int kWarps = W;
+  static constexpr int kThreads = W * 32;
+  static constexpr int kBM = 16 * W;
+  static constexpr int smem_bytes(int d) { return (kBM + 4 * kBN) * d * 2; }
+};
 
 struct AttnArgs {
   Geometry geo;
@@ -113,7 +119,93 @@ __device__ __forceinline__ int swz(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
-template <class T, int D>
+// One step of the online softmax for the thread's two rows (accumulator layout of m16n8 / wgmma
+// m64nN per warp: s[n][0..1] row lo, s[n][2..3] row hi, columns 8 n + 2 tq, +1): each row masked
+// to its own keys by its mask word (all 64 kept when `full`), scaled into the log2 domain, the
+// running max m and partial sum l updated, O rescaled, and s replaced by the probabilities P.
+template <int kNT, int kDT>
+__device__ __forceinline__ void softmax_step(float (&s)[kNT][4], float (&o)[kDT][4], float (&m)[2], float (&l)[2],
+                                             unsigned long long mask_lo, unsigned long long mask_hi, bool full,
+                                             float scale_log2, int tq) {
+#pragma unroll
+  for (int hrow = 0; hrow < 2; ++hrow) {
+    const unsigned long long mask = hrow == 0 ? mask_lo : mask_hi;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n * 8 + tq * 2 + e;
+        float& x = s[n][hrow * 2 + e];
+        x = (full || ((mask >> col) & 1ull)) ? x * scale_log2 : -INFINITY;
+        mx = fmaxf(mx, x);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[hrow], mx);
+    // A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0
+    // rather than NaN (-inf - -inf).
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = exp2f(m[hrow] - m_use);
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[n][hrow * 2 + e];
+        x = exp2f(x - m_use);
+        sum += x;
+      }
+    }
+    l[hrow] = l[hrow] * alpha + sum;
+    m[hrow] = m_new;
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) {
+      o[d][hrow * 2] *= alpha;
+      o[d][hrow * 2 + 1] *= alpha;
+    }
+  }
+}
+
+// Full row sums across the quad, normalise, write O and LSE of the thread's rows gr_lo and
+// gr_lo + 8 (rows past the group's end are skipped).
+template <class T, int kDT>
+__device__ __forceinline__ void epilogue(const AttnArgs& a, const GroupPos& gp, const float (&o)[kDT][4],
+                                         const float (&m)[2], const float (&l)[2], int gr_lo, int tq) {
+  const Geometry& geo = a.geo;
+#pragma unroll
+  for (int hrow = 0; hrow < 2; ++hrow) {
+    float sum = l[hrow];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int gr = gr_lo + 8 * hrow;
+    if (gr >= gp.rows) continue;
+    const std::int64_t i = gp.i0 + gr / geo.g;
+    const std::int64_t h = gp.hk * geo.g + gr % geo.g;
+    // l == 0: the row attended nothing (empty list or fully masked): O = 0, LSE = -inf.
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const std::int64_t obase = gp.b * a.o0 + i * a.o1 + h * a.o2;
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) {
+      const std::int64_t col = d * 8 + tq * 2;
+      const float x = o[d][hrow * 2] * inv, y = o[d][hrow * 2 + 1] * inv;
+      if (a.o_f32) {
+        float* op = static_cast<float*>(a.o) + obase + col * a.o3;
+        op[0] = x;
+        op[a.o3] = y;
+      } else {
+        Mma<T>::store2(static_cast<T*>(a.o) + obase + col * a.o3, a.o3, x, y);
+      }
+    }
+    if (a.lse != nullptr && tq == 0) {
+      const float m_use = m[hrow] == -INFINITY ? 0.0f : m[hrow];
+      a.lse[gp.b * a.l0 + h * a.l1 + i * a.l2] = sum > 0.0f ? m_use * 0.69314718055994531f + logf(sum) : -INFINITY;
+    }
+  }
+}
+
+template <class T, int D, int kThreads>
 __device__ __forceinline__ void load_kv(const AttnArgs& a, const GroupPos& gp, const std::int32_t* keys, int U,
                                         int blk, T* sk, T* sv) {
   constexpr int kChunks = D / 8;
@@ -131,8 +223,10 @@ __device__ __forceinline__ void load_kv(const AttnArgs& a, const GroupPos& gp, c
   }
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) attention_kernel(const AttnArgs a) {
+template <class T, int D, int W>
+__global__ void __launch_bounds__(W * 32) attention_kernel(const AttnArgs a) {
+  constexpr int kThreads = AttnShape<W>::kThreads;
+  constexpr int kBM = AttnShape<W>::kBM;
   static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
   constexpr int kChunks = D / 8;
   constexpr int kNT = kBN / 8;  // n-tiles of S
@@ -169,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnArgs a) {
     }
   }
   cp_async_commit();
-  if (nblk > 0) load_kv<T, D>(a, gp, keys, U, 0, sk, sv);
+  if (nblk > 0) load_kv<T, D, kThreads>(a, gp, keys, U, 0, sk, sv);
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
@@ -191,12 +285,22 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnArgs a) {
   float m[2] = {-INFINITY, -INFINITY};  // running max of the scaled logits (log2 domain)
   float l[2] = {0.0f, 0.0f};            // this thread's partial row sums
 
+  // The mask words of step blk + 1 are loaded one step ahead (they come from L2).
+  auto mask_word = [&](int blk, int gr) {
+    return blk < nblk && gr < gp.rows ? masks[static_cast<std::int64_t>(blk) * geo.rows + gr] : 0ull;
+  };
+  unsigned long long next_lo = mask_word(0, gr_lo), next_hi = mask_word(0, gr_hi);
 #pragma unroll 1
   for (int blk = 0; blk < nblk; ++blk) {
-    const unsigned long long mask_lo = gr_lo < gp.rows ? masks[static_cast<std::int64_t>(blk) * geo.rows + gr_lo] : 0ull;
-    const unsigned long long mask_hi = gr_hi < gp.rows ? masks[static_cast<std::int64_t>(blk) * geo.rows + gr_hi] : 0ull;
+    const unsigned long long mask_lo = next_lo, mask_hi = next_hi;
+    next_lo = mask_word(blk + 1, gr_lo);
+    next_hi = mask_word(blk + 1, gr_hi);
+    // Warp-uniform: all 16 rows of the warp list all 64 positions (the common case of a group
+    // whose rows share their keys) -- no per-element select needed. Rows past the group's end
+    // have mask 0, so a warp holding such rows always takes the masked path.
+    const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
     const bool prefetch = blk + 1 < nblk;
-    if (prefetch) load_kv<T, D>(a, gp, keys, U, blk + 1, sk + ((blk + 1) & 1) * kBN * D, sv + ((blk + 1) & 1) * kBN * D);
+    if (prefetch) load_kv<T, D, kThreads>(a, gp, keys, U, blk + 1, sk + ((blk + 1) & 1) * kBN * D, sv + ((blk + 1) & 1) * kBN * D);
     cp_async_commit();
     const T* ck = sk + (blk & 1) * kBN * D;
     const T* cv = sv + (blk & 1) * kBN * D;
@@ -217,45 +321,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnArgs a) {
     }
 
     // Mask each row to its own keys, then the online softmax update.
-#pragma unroll
-    for (int hrow = 0; hrow < 2; ++hrow) {
-      const unsigned long long mask = hrow == 0 ? mask_lo : mask_hi;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = n * 8 + tq * 2 + e;
-          float& x = s[n][hrow * 2 + e];
-          x = ((mask >> col) & 1ull) ? x * a.scale_log2 : -INFINITY;
-          mx = fmaxf(mx, x);
-        }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[hrow], mx);
-      // A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0
-      // rather than NaN (-inf - -inf).
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = exp2f(m[hrow] - m_use);
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[n][hrow * 2 + e];
-          x = exp2f(x - m_use);
-          sum += x;
-        }
-      }
-      l[hrow] = l[hrow] * alpha + sum;
-      m[hrow] = m_new;
-#pragma unroll
-      for (int d = 0; d < kDT; ++d) {
-        o[d][hrow * 2] *= alpha;
-        o[d][hrow * 2 + 1] *= alpha;
-      }
-    }
+    softmax_step<kNT, kDT>(s, o, m, l, mask_lo, mask_hi, full, a.scale_log2, tq);
 
     // O += P V: P comes straight from the S accumulators (same fragment layout as an A operand).
 #pragma unroll
@@ -280,36 +346,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnArgs a) {
     __syncthreads();
   }
 
-  // Epilogue: full row sums across the quad, normalise, write O and LSE.
-#pragma unroll
-  for (int hrow = 0; hrow < 2; ++hrow) {
-    float sum = l[hrow];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int gr = hrow == 0 ? gr_lo : gr_hi;
-    if (gr >= gp.rows) continue;
-    const std::int64_t i = gp.i0 + gr / geo.g;
-    const std::int64_t h = gp.hk * geo.g + gr % geo.g;
-    // l == 0: the row attended nothing (empty list or fully masked): O = 0, LSE = -inf.
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const std::int64_t obase = gp.b * a.o0 + i * a.o1 + h * a.o2;
-#pragma unroll
-    for (int d = 0; d < kDT; ++d) {
-      const std::int64_t col = d * 8 + tq * 2;
-      const float x = o[d][hrow * 2] * inv, y = o[d][hrow * 2 + 1] * inv;
-      if (a.o_f32) {
-        float* op = static_cast<float*>(a.o) + obase + col * a.o3;
-        op[0] = x;
-        op[a.o3] = y;
-      } else {
-        Mma<T>::store2(static_cast<T*>(a.o) + obase + col * a.o3, a.o3, x, y);
-      }
-    }
-    if (a.lse != nullptr && tq == 0) {
-      const float m_use = m[hrow] == -INFINITY ? 0.0f : m[hrow];
-      a.lse[gp.b * a.l0 + h * a.l1 + i * a.l2] = sum > 0.0f ? m_use * 0.69314718055994531f + logf(sum) : -INFINITY;
-    }
-  }
+  epilogue<T, kDT>(a, gp, o, m, l, gr_lo, tq);
 }
 
 }  // namespace sparge::cuda::gather

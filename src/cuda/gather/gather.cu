@@ -1,7 +1,9 @@
 // gather_attention on CUDA (docs/semantics.md, "Stage 3"): each query row attends the keys of its
 // own index list. Two kernels per wave of groups (gather_common.cuh):
 //   union.cuh      per group: sorted union of the rows' lists + each row's membership mask;
-//   attention.cuh  flash attention of BM rows of a group over the union, masked per row.
+//   attention.cuh  flash attention of BM rows of a group over the union, masked per row
+//                  (mma.sync, sm_80+); attention_wgmma.cuh the same walk with wgmma (sm_90a),
+//                  chosen per call by SPARGE_GATHER_PATH (select_attention below).
 // Tiles: with group_union, a group is the Hq/Hk heads of one kv head x union_rows consecutive query
 // positions, so adjacent tokens that select overlapping keys share each K/V load. Without it, a
 // group is the Hq/Hk heads of one kv head at ONE query position: the path that always runs, with
@@ -14,10 +16,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/gather/attention.cuh"
+#include "cuda/gather/attention_wgmma.cuh"
 #include "cuda/gather/union.cuh"
 #include "cuda/topk/error_flags.cuh"
 #include "validate/validate.h"
@@ -31,13 +38,22 @@ constexpr const char* kOp = "gather_attention";
 constexpr std::int64_t kMaxUnionSmem = 160 * 1024;
 // Scratch (union lists + masks) per wave of groups; more groups run in several waves.
 constexpr std::int64_t kScratchBudget = 256ll << 20;
+// Shared memory for the masks of a union CTA's rows (phase B batches rows to fit).
+constexpr std::int64_t kMaskSmem = 72 * 1024;
 
 using AttnKernel = void (*)(const gather::AttnArgs);
 
 struct GatherPlan {
   Status status;
+  DType dtype = DType::f16;
+  std::int64_t d = 0;
+};
+
+// One attention kernel with its launch shape.
+struct AttnChoice {
   AttnKernel kernel = nullptr;
-  int smem = 0;
+  int threads = 0, smem = 0, tile_rows = 0;
+  bool wgmma = false;
 };
 
 bool aligned16(const Tensor& t) {
@@ -48,11 +64,81 @@ bool aligned16(const Tensor& t) {
   return t.stride[3] == 1;
 }
 
-template <class T>
-AttnKernel pick_dim(std::int64_t d) {
-  if (d == 64) return gather::attention_kernel<T, 64>;
-  if (d == 128) return gather::attention_kernel<T, 128>;
-  return nullptr;
+template <class T, int D>
+AttnChoice pick_kernel(int tile_rows, bool wgmma) {
+  if (wgmma) {
+    if (tile_rows == 64) return {gather::attention_wgmma_kernel<T, D, 1>, gather::WgShape<1>::kThreads, gather::WgShape<1>::smem_bytes(D), 64};
+    if (tile_rows == 128) return {gather::attention_wgmma_kernel<T, D, 2>, gather::WgShape<2>::kThreads, gather::WgShape<2>::smem_bytes(D), 128};
+    return {gather::attention_wgmma_kernel<T, D, 4>, gather::WgShape<4>::kThreads, gather::WgShape<4>::smem_bytes(D), 256};
+  }
+  if (tile_rows == 64) return {gather::attention_kernel<T, D, 4>, gather::AttnShape<4>::kThreads, gather::AttnShape<4>::smem_bytes(D), 64};
+  return {gather::attention_kernel<T, D, 8>, gather::AttnShape<8>::kThreads, gather::AttnShape<8>::smem_bytes(D), 128};
+}
+
+// Whether the device runs `fn` from code compiled for sm_90 or later (clusters, wgmma), rather
+// than from older PTX compiled just in time.
+bool sm90_binary(const void* fn) {
+  cudaFuncAttributes fa{};
+  return cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.ptxVersion >= 90;
+}
+
+int device_major() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    return 0;
+  }
+  return major;
+}
+
+// The attention kernel of a call. SPARGE_GATHER_PATH (read on every call, so one process can
+// compare them):
+//   mma64, mma128   the portable mma.sync kernel (attention.cuh) with 64- / 128-row tiles;
+//   wgmma           the sm_90a kernel (attention_wgmma.cuh), 64-row tiles for groups of at most 64
+//                   rows, else 128; wgmma256: 256-row tiles for groups of more than 128 rows;
+//   unset / other   the portable kernel, 128-row tiles for groups of at least 128 rows, else 64.
+// The wgmma kernels exist for sm_90 only; elsewhere a wgmma request takes the portable default.
+// (A per-row group is Hq/Hk rows, so a taller tile than the group is empty rows.)
+AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
+  const char* e = std::getenv("SPARGE_GATHER_PATH");
+  const std::string req = e != nullptr ? e : "";
+  bool wgmma = false;
+  int tile = group_rows >= 128 ? 128 : 64;
+  if (req == "mma64") tile = 64;
+  if (req == "mma128") tile = 128;
+  if ((req == "wgmma" || req == "wgmma256") && major == 9) {
+    wgmma = true;
+    tile = group_rows <= 64 ? 64 : (req == "wgmma256" && group_rows > 128 ? 256 : 128);
+  }
+  const bool f16 = plan.dtype == DType::f16;
+  if (wgmma) {
+    // Only an sm_90a build has the wgmma body (a compute_80 PTX JIT-compiled for the device
+    // would trap): take the portable kernel otherwise.
+    const AttnChoice c = plan.d == 64 ? (f16 ? pick_kernel<__half, 64>(tile, true) : pick_kernel<__nv_bfloat16, 64>(tile, true))
+                                      : (f16 ? pick_kernel<__half, 128>(tile, true) : pick_kernel<__nv_bfloat16, 128>(tile, true));
+    if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return {c.kernel, c.threads, c.smem, c.tile_rows, true};
+    wgmma = false;
+    tile = group_rows >= 128 ? 128 : 64;
+  }
+  if (plan.d == 64) return f16 ? pick_kernel<__half, 64>(tile, wgmma) : pick_kernel<__nv_bfloat16, 64>(tile, wgmma);
+  return f16 ? pick_kernel<__half, 128>(tile, wgmma) : pick_kernel<__nv_bfloat16, 128>(tile, wgmma);
+}
+
+// CTAs per group of the union kernel: a cluster of up to 8 on sm_90 (at least 16 rows per CTA),
+// 1 elsewhere. SPARGE_GATHER_UNION_CTAS = 1, 2, 4 or 8 overrides it (at least one row per CTA;
+// values above 1 on sm_90 only).
+int union_ctas(int group_rows, int major) {
+  if (major < 9 || !sm90_binary(reinterpret_cast<const void*>(gather::union_kernel))) return 1;
+  if (const char* e = std::getenv("SPARGE_GATHER_UNION_CTAS")) {
+    int v = std::atoi(e);
+    if (v == 1 || v == 2 || v == 4 || v == 8) {
+      while (v > 1 && v > group_rows) v /= 2;  // at least one row per CTA
+      return v;
+    }
+  }
+  // At least 16 rows (one per warp) per CTA: a per-row group (Hq/Hk rows) stays on one CTA.
+  int want = gather::kUnionMaxCtas;
+  while (want > 1 && want * (gather::kUnionThreads / 32) > group_rows) want /= 2;
+  return want;
 }
 
 // The one selection function of gather_attention (run and supported() share it).
@@ -72,8 +158,9 @@ GatherPlan select_gather(const GatherAttentionParams& p) {
     return fail(unsupported(detail::cat(kOp, ": o.dtype = ", to_string(p.o.dtype), " is not supported on cuda (expected q.dtype or f32)")));
   }
   const std::int64_t d = p.q.shape[3];
-  plan.kernel = p.q.dtype == DType::f16 ? pick_dim<__half>(d) : pick_dim<__nv_bfloat16>(d);
-  if (plan.kernel == nullptr) {
+  plan.d = d;
+  plan.dtype = p.q.dtype;
+  if (d != 64 && d != 128) {
     return fail(unsupported(detail::cat(kOp, ": head dim q.shape[3] = ", d, " is not supported on cuda (expected 64 or 128)")));
   }
   const char* names[3] = {"q", "k", "v"};
@@ -93,7 +180,6 @@ GatherPlan select_gather(const GatherAttentionParams& p) {
   if (p.group_union && (p.union_rows < 1 || p.union_rows > 4096)) {
     return fail(detail::bad(kOp, "union_rows = ", p.union_rows, " (expected 1..4096 with group_union)")); 
   }
-  plan.smem = static_cast<int>((gather::kBM + 4 * gather::kBN) * d * 2);
   return plan;
 }
 
@@ -141,6 +227,33 @@ Status describe_bad_row(const GatherAttentionParams& p, const gather::Geometry& 
   }
   return runtime_error(detail::cat(kOp, ": the kernel flagged row (", b, ", ", h, ", ", i, ") but its list reads back valid"));
 }
+
+// SPARGE_GATHER_PROFILE=1: times the first wave's union and attention kernels with events and
+// prints one line to stderr (synchronises the stream; measurement only).
+struct Profile {
+  bool on = false;
+  cudaStream_t stream;
+  cudaEvent_t ev[3] = {};
+  explicit Profile(cudaStream_t s) : stream(s) {
+    const char* e = std::getenv("SPARGE_GATHER_PROFILE");
+    on = e != nullptr && std::strcmp(e, "1") == 0;
+    for (int i = 0; on && i < 3; ++i) on = cudaEventCreate(&ev[i]) == cudaSuccess;
+  }
+  ~Profile() {
+    for (cudaEvent_t x : ev) {
+      if (x != nullptr) cudaEventDestroy(x);
+    }
+  }
+  void report(int ctas, int mask_rows, int tile_rows, bool wgmma, std::int64_t groups, std::int64_t wave) {
+    float u = 0, a = 0;
+    if (cudaEventSynchronize(ev[2]) != cudaSuccess || cudaEventElapsedTime(&u, ev[0], ev[1]) != cudaSuccess ||
+        cudaEventElapsedTime(&a, ev[1], ev[2]) != cudaSuccess) {
+      return;
+    }
+    std::fprintf(stderr, "[gather profile] wave 0 of %lld groups (wave %lld): union %.3f ms (ctas %d, mask_rows %d), attention %.3f ms (%s, BM %d)\n",
+                 static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, mask_rows, a, wgmma ? "wgmma" : "mma.sync", tile_rows);
+  }
+};
 
 }  // namespace
 
@@ -203,7 +316,31 @@ Status gather_attention(const GatherAttentionParams& p) {
   ua.words_k = static_cast<int>((geo.sk + 31) / 32);
   ua.scratch = sc;
   ua.flags = fl.device();
-  const int union_smem = 8 * ua.words_k;
+  {
+    const bool x_align = reinterpret_cast<std::uintptr_t>(ua.indices) % 16 == 0 && ua.x0 % 4 == 0 && ua.x1 % 4 == 0 && ua.x2 % 4 == 0;
+    ua.vec4 = x_align && ua.x3 == 1 && n_max % 4 == 0;
+  }
+  // Shared memory of a union CTA: bitmap + ranks (8 bytes per 32 keys), then as many of its rows'
+  // masks (words_cap + 1 words each: the odd stride) as kMaskSmem and kMaxUnionSmem allow; when
+  // none fit, phase B uses global atomics.
+  ua.mask_off = static_cast<int>((8 * static_cast<std::int64_t>(ua.words_k) + 15) / 16 * 16);
+  int union_smem = 0;
+  auto set_ctas = [&](int ctas) {
+    ua.ctas = ctas;
+    ua.rows_per_cta = (geo.rows + ctas - 1) / ctas;
+    const std::int64_t mask_row_bytes = (sc.words_cap + 1) * 8;
+    const std::int64_t budget = std::min<std::int64_t>(kMaskSmem, kMaxUnionSmem - ua.mask_off);
+    ua.mask_rows = static_cast<int>(std::clamp<std::int64_t>(budget / mask_row_bytes, 0, ua.rows_per_cta));
+    // SPARGE_GATHER_UNION_MASK_ROWS = n caps the rows per shared-memory batch (0: global atomics),
+    // so that tests reach every phase-B path at small sizes; results do not depend on it.
+    if (const char* e = std::getenv("SPARGE_GATHER_UNION_MASK_ROWS")) {
+      const int cap = std::atoi(e);
+      if (cap >= 0) ua.mask_rows = std::min(ua.mask_rows, cap);
+    }
+    union_smem = ua.mask_off + static_cast<int>(ua.mask_rows * mask_row_bytes);
+  };
+  const int major = device_major();
+  set_ctas(union_ctas(geo.rows, major));
 
   gather::AttnArgs aa{};
   aa.geo = geo;
@@ -224,17 +361,50 @@ Status gather_attention(const GatherAttentionParams& p) {
   aa.scale_log2 = scale * 1.4426950408889634f;
   aa.scratch = sc;
 
-  e = cudaFuncSetAttribute(gather::union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, std::max(union_smem, 1));
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(plan.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
+  const AttnChoice ac = select_attention(plan, geo.rows, major);
+  const AttnKernel attn = ac.kernel;
+  const int attn_threads = ac.threads, attn_smem = ac.smem, tile_rows = ac.tile_rows;
+  e = cudaFuncSetAttribute(gather::union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem);
   if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
-  const unsigned row_tiles = static_cast<unsigned>((geo.rows + gather::kBM - 1) / gather::kBM);
+  const unsigned row_tiles = static_cast<unsigned>((geo.rows + tile_rows - 1) / tile_rows);
+  Profile prof(stream);
   for (std::int64_t g0 = 0; g0 < total_groups; g0 += wave) {
+    if (prof.on && g0 == 0) cudaEventRecord(prof.ev[0], stream);
     const auto n = static_cast<unsigned>(std::min(wave, total_groups - g0));
     ua.first_group = g0;
     aa.first_group = g0;
-    gather::union_kernel<<<n, gather::kUnionThreads, union_smem, stream>>>(ua);
-    plan.kernel<<<dim3(row_tiles, n), gather::kThreads, plan.smem, stream>>>(aa);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(n * static_cast<unsigned>(ua.ctas));
+    cfg.blockDim = dim3(gather::kUnionThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(union_smem);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(ua.ctas);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = ua.ctas > 1 ? 1 : 0;
+    e = cudaLaunchKernelEx(&cfg, gather::union_kernel, ua);
+    if (e != cudaSuccess && ua.ctas > 1 && g0 == 0) {
+      // The cluster could not be launched (a launch-configuration error, not sticky): one CTA per
+      // group instead, for this and every later wave.
+      (void)cudaGetLastError();
+      set_ctas(1);
+      e = cudaFuncSetAttribute(gather::union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
+      if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
+      cfg.gridDim = dim3(n);
+      cfg.dynamicSmemBytes = static_cast<size_t>(union_smem);
+      cfg.numAttrs = 0;
+      e = cudaLaunchKernelEx(&cfg, gather::union_kernel, ua);
+    }
+    if (e != cudaSuccess) return cuda_fail("union kernel launch failed", e);
+    if (prof.on && g0 == 0) cudaEventRecord(prof.ev[1], stream);
+    attn<<<dim3(row_tiles, n), attn_threads, attn_smem, stream>>>(aa);
+    if (prof.on && g0 == 0) cudaEventRecord(prof.ev[2], stream);
   }
+  if (prof.on) prof.report(ua.ctas, ua.mask_rows, tile_rows, ac.wgmma, total_groups, wave);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
   e = fl.fetch();

@@ -1,15 +1,30 @@
 // gather_attention, step 1: per group, the sorted union of its rows' key lists and each row's
-// membership mask over that union (layout in gather_common.cuh). One CTA per group.
+// membership mask over that union (layout in gather_common.cuh).
 //
-// Everything here is order-independent, so the result is deterministic without any ordering of
-// threads: the union is a bitmap over the Sk keys in shared memory (atomicOr is idempotent), its
-// positions come from a block-wide scan of the words' popcounts, and each row's mask bits are set
-// with atomicOr too. Entries that fail validation (count outside [0, n_max], key outside [0, Sk),
-// a key listed twice by one row) are recorded in the flag words and skipped, so nothing is written
-// out of bounds; the host turns the flags into an error Status.
+// A group runs on `ctas` CTAs (UnionArgs::ctas): 1, or on sm_90 a thread block cluster of up to 8,
+// each CTA owning a contiguous slice of the group's rows. The index lists are the bulk of the
+// traffic of the whole op (hd128, 2048 keys per row: 4 bytes of index per 128 FLOPs), so they are
+// read with 16-byte loads, four per lane in flight, and each slice is read twice by its own CTA
+// (phase A: union bitmap; phase B: masks) so the second read is an L2 hit.
+//   phase A  each CTA sets the bits of its rows' keys in a shared bitmap over the Sk keys; with a
+//            cluster, every CTA then ORs the cluster's bitmaps (distributed shared memory), so all
+//            CTAs hold the group's union;
+//   ranks    a block-wide scan of the words' popcounts gives each word's first union position;
+//            CTA 0 writes the sorted union;
+//   phase B  each row's membership mask is built in shared memory (64-bit atomicOr, batches of
+//            rows that fit) and stored with coalesced plain stores; when not even one row's mask
+//            fits, atomicOr goes straight to global memory (zeroed first).
+// Everything is order-independent (atomicOr is idempotent, positions come from a scan), so the
+// result is deterministic without any ordering of threads. Entries that fail validation (count
+// outside [0, n_max], key outside [0, Sk), a key listed twice by one row) are recorded in the flag
+// words and skipped, so nothing is written out of bounds; the host turns the flags into a Status.
 #pragma once
 
 #include <cstdint>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#include <cooperative_groups.h>
+#endif
 
 #include "cuda/gather/gather_common.cuh"
 #include "cuda/topk/block_scan.cuh"
@@ -18,6 +33,7 @@
 namespace sparge::cuda::gather {
 
 constexpr int kUnionThreads = 512;
+constexpr int kUnionMaxCtas = 8;  // portable cluster size limit
 
 struct UnionArgs {
   Geometry geo;
@@ -30,16 +46,23 @@ struct UnionArgs {
   int words_k;  // ceil(Sk / 32): bitmap words
   Scratch scratch;
   unsigned long long* flags;  // FlagWord
+  bool vec4;         // x3 == 1, every row 16-byte aligned and n_max % 4 == 0: int4 loads
+  int ctas;          // CTAs per group; > 1 only in a cluster launch of that size (sm_90)
+  int rows_per_cta;  // ceil(geo.rows / ctas)
+  int mask_rows;     // rows whose masks fit in shared memory at once; 0: global atomics
+  int mask_off;      // byte offset of the shared mask area (after bitmap and ranks)
 };
 
-// Calls fn(gr, t, j) for every valid, causally visible entry t of every row gr of the group.
+// Calls fn(gr, row_id, j) for every valid, causally visible entry of every row gr in
+// [r_begin, r_end) of the group, one warp per row.
 template <class Fn>
-__device__ __forceinline__ void for_each_entry(const UnionArgs& a, const GroupPos& gp, bool record, Fn&& fn) {
+__device__ __forceinline__ void for_each_entry(const UnionArgs& a, const GroupPos& gp, int r_begin, int r_end,
+                                               bool record, Fn&& fn) {
   const Geometry& geo = a.geo;
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int warp = static_cast<int>(threadIdx.x >> 5);
   constexpr int kWarps = kUnionThreads / 32;
-  for (int gr = warp; gr < gp.rows; gr += kWarps) {
+  for (int gr = r_begin + warp; gr < r_end; gr += kWarps) {
     const std::int64_t i = gp.i0 + gr / geo.g;
     const std::int64_t h = gp.hk * geo.g + gr % geo.g;
     const std::uint64_t row_id = static_cast<std::uint64_t>((gp.b * geo.hq + h) * geo.sq + i);
@@ -50,31 +73,80 @@ __device__ __forceinline__ void for_each_entry(const UnionArgs& a, const GroupPo
     }
     const std::int32_t* list = a.indices + gp.b * a.x0 + h * a.x1 + i * a.x2;
     const std::int64_t bound = i + geo.sk - geo.sq;  // causal: key j visible iff j <= bound
-    for (int t = lane; t < cnt; t += 32) {
-      const std::int32_t j = list[t * a.x3];
+    auto entry = [&](int t, std::int32_t j) {
       if (j < 0 || j >= geo.sk) {
         if (record) flags::record(&a.flags[kBadIndex], row_id, static_cast<std::uint32_t>(t));
-        continue;
+        return;
       }
-      if (geo.causal && j > bound) continue;
+      if (geo.causal && j > bound) return;
       fn(gr, row_id, j);
+    };
+    if (a.vec4) {
+      // Four 16-byte loads per lane issued before any is used: enough bytes in flight to stream
+      // the lists near DRAM bandwidth. Chunks past ceil(cnt / 4) are not read (n_max % 4 == 0
+      // keeps every chunk read inside the row).
+      const int4* l4 = reinterpret_cast<const int4*>(list);
+      const int n4 = (cnt + 3) >> 2;
+      for (int base = 0; base < n4; base += 4 * 32) {
+        int4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int c4 = base + k * 32 + lane;
+          v[k] = c4 < n4 ? __ldg(l4 + c4) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int t0 = (base + k * 32 + lane) * 4;
+          if (t0 + 0 < cnt) entry(t0 + 0, v[k].x);
+          if (t0 + 1 < cnt) entry(t0 + 1, v[k].y);
+          if (t0 + 2 < cnt) entry(t0 + 2, v[k].z);
+          if (t0 + 3 < cnt) entry(t0 + 3, v[k].w);
+        }
+      }
+    } else {
+      for (int t = lane; t < cnt; t += 32) entry(t, list[t * a.x3]);
     }
   }
 }
 
 __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a) {
-  extern __shared__ std::uint32_t smem[];
-  std::uint32_t* bitmap = smem;              // [words_k]
-  std::uint32_t* rank = smem + a.words_k;    // [words_k]: union position of the word's first key
+  extern __shared__ __align__(16) unsigned char union_smem[];
+  std::uint32_t* bitmap = reinterpret_cast<std::uint32_t*>(union_smem);  // [words_k]
+  std::uint32_t* rank = bitmap + a.words_k;  // [words_k]: union position of the word's first key
+  unsigned long long* smask = reinterpret_cast<unsigned long long*>(union_smem + a.mask_off);
   __shared__ scan::BlockScanStorage<kUnionThreads> scan_storage;
   const int tid = static_cast<int>(threadIdx.x);
-  const std::int64_t w = blockIdx.x;
+  const std::int64_t w = blockIdx.x / a.ctas;
+  const int crank = static_cast<int>(blockIdx.x % a.ctas);  // the cluster rank: clusters are (ctas, 1, 1)
   const GroupPos gp = group_pos(a.geo, a.first_group + w);
   const Scratch& s = a.scratch;
+  const int r_begin = min(gp.rows, crank * a.rows_per_cta);
+  const int r_end = min(gp.rows, r_begin + a.rows_per_cta);
 
+  // Phase A: this CTA's rows' keys.
   for (int i = tid; i < a.words_k; i += kUnionThreads) bitmap[i] = 0;
   __syncthreads();
-  for_each_entry(a, gp, true, [&](int, std::uint64_t, std::int32_t j) { atomicOr(&bitmap[j >> 5], 1u << (j & 31)); });
+  for_each_entry(a, gp, r_begin, r_end, true,
+                 [&](int, std::uint64_t, std::int32_t j) { atomicOr(&bitmap[j >> 5], 1u << (j & 31)); });
+  if (a.ctas > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The group's union = OR of the cluster's bitmaps. The first cluster barrier publishes every
+    // CTA's bitmap (release/acquire at cluster scope); the OR goes to `rank` (free until the scan)
+    // because other CTAs may still be reading this CTA's bitmap; the second barrier says that all
+    // remote reads are done, so each CTA may overwrite (and later leave with) its own bitmap.
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();
+    for (int i = tid; i < a.words_k; i += kUnionThreads) {
+      std::uint32_t x = 0;
+      for (int c = 0; c < a.ctas; ++c) x |= cluster.map_shared_rank(bitmap, static_cast<unsigned>(c))[i];
+      rank[i] = x;
+    }
+    cluster.sync();
+    for (int i = tid; i < a.words_k; i += kUnionThreads) bitmap[i] = rank[i];
+#else
+    __trap();  // the host launches clusters on sm_90 only
+#endif
+  }
   __syncthreads();
 
   // Union positions: each thread owns a contiguous run of bitmap words.
@@ -87,27 +159,58 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
   std::int32_t* keys = s.union_keys + w * s.ucap;
   for (int i = w_lo; i < w_hi; ++i) {
     rank[i] = pos;
-    std::uint32_t bits = bitmap[i];
-    while (bits != 0) {
-      const int bit = __ffs(static_cast<int>(bits)) - 1;
-      keys[pos++] = i * 32 + bit;
-      bits &= bits - 1;
+    if (crank == 0) {
+      std::uint32_t bits = bitmap[i];
+      while (bits != 0) {
+        const int bit = __ffs(static_cast<int>(bits)) - 1;
+        keys[pos++] = i * 32 + bit;
+        bits &= bits - 1;
+      }
     }
   }
-  if (tid == 0) s.union_size[w] = static_cast<std::int32_t>(total);
-  unsigned long long* masks = s.masks + w * s.words_cap * a.geo.rows;
-  const std::int64_t words_u = (static_cast<std::int64_t>(total) + 63) / 64;
-  for (std::int64_t i = tid; i < words_u * a.geo.rows; i += kUnionThreads) masks[i] = 0;
-  __syncthreads();  // ranks in shared memory and zeroed masks in global memory, visible to the block
+  if (tid == 0 && crank == 0) s.union_size[w] = static_cast<std::int32_t>(total);
+  const int words_u = static_cast<int>((total + 63) / 64);
+  unsigned long long* gmask = s.masks + w * s.words_cap * a.geo.rows;
+  auto union_pos = [&](std::int32_t j) {
+    return rank[j >> 5] + __popc(bitmap[j >> 5] & ((1u << (j & 31)) - 1u));
+  };
 
-  for_each_entry(a, gp, false, [&](int gr, std::uint64_t row_id, std::int32_t j) {
-    const std::uint32_t word = bitmap[j >> 5];
-    const std::uint32_t u = rank[j >> 5] + __popc(word & ((1u << (j & 31)) - 1u));
-    const unsigned long long bit = 1ull << (u & 63);
-    const unsigned long long old = atomicOr(&masks[(u >> 6) * a.geo.rows + gr], bit);
-    // Which of two equal entries comes second depends on scheduling, so record the key, not t.
-    if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
-  });
+  // Phase B: masks of this CTA's rows.
+  if (a.mask_rows > 0) {
+    const int ms = words_u | 1;  // odd stride in 8-byte words: the store loop's reads hit distinct banks
+    for (int rb = r_begin; rb < r_end; rb += a.mask_rows) {
+      const int re = min(r_end, rb + a.mask_rows);
+      const int nr = re - rb;
+      __syncthreads();  // ranks ready (first batch); the previous batch's stores have read smask
+      for (int i = tid; i < nr * ms; i += kUnionThreads) smask[i] = 0;
+      __syncthreads();
+      for_each_entry(a, gp, rb, re, false, [&](int gr, std::uint64_t row_id, std::int32_t j) {
+        const std::uint32_t u = union_pos(j);
+        const unsigned long long bit = 1ull << (u & 63);
+        const unsigned long long old = atomicOr(&smask[(gr - rb) * ms + static_cast<int>(u >> 6)], bit);
+        // Which of two equal entries comes second depends on scheduling, so record the key, not t.
+        if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
+      });
+      __syncthreads();
+      for (int i = tid; i < words_u * nr; i += kUnionThreads) {
+        const int word = i / nr, lr = i - word * nr;
+        gmask[static_cast<std::int64_t>(word) * a.geo.rows + rb + lr] = smask[lr * ms + word];
+      }
+    }
+  } else {
+    const int nr = r_end - r_begin;
+    for (int i = tid; i < words_u * nr; i += kUnionThreads) {
+      const int word = i / nr, lr = i - word * nr;
+      gmask[static_cast<std::int64_t>(word) * a.geo.rows + r_begin + lr] = 0;
+    }
+    __syncthreads();  // ranks ready, zeroed masks visible to the block
+    for_each_entry(a, gp, r_begin, r_end, false, [&](int gr, std::uint64_t row_id, std::int32_t j) {
+      const std::uint32_t u = union_pos(j);
+      const unsigned long long bit = 1ull << (u & 63);
+      const unsigned long long old = atomicOr(&gmask[static_cast<std::int64_t>(u >> 6) * a.geo.rows + gr], bit);
+      if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
+    });
+  }
 }
 
 }  // namespace sparge::cuda::gather

@@ -1,0 +1,194 @@
+// gather_attention, step 2 on sm_90a (SPARGE_GATHER_PATH=wgmma): the same tile walk as
+// attention.cuh -- BM rows of one group over the group's union, 64 union positions per step, each
+// row masked by its own mask word -- with warpgroup MMA. A CTA is WG warpgroups of 64 rows each
+// (BM = 64 WG). Every thread gathers K/V rows with 16-byte cp.async straight into the 128-byte
+// swizzled layout wgmma reads (cuda/attention/sm90/wgmma.cuh: row r's chunk c of a 64-column slab
+// at r * 128 + (c ^ (r % 8)) * 16), double-buffered: step blk + 1 is in flight while step blk
+// computes. Per step and warpgroup: S = Q K^T (wgmma ss, m64n64k16, Q and K K-major in shared
+// memory), the online softmax of attention.cuh on the accumulators (per warp the m16n8 layout),
+// then O += P V (wgmma rs: P from registers, V MN-major in shared memory).
+//
+// The tile invariant is attention.cuh's: one K/V load serves all BM rows because they read the
+// same kv head; each row keeps its own mask, so the rows are interchangeable for the loads only.
+//
+// Ordering: cp.async writes are generic-proxy writes and wgmma reads shared memory through the
+// async proxy, so every thread fences (fence.proxy.async.shared::cta) after its copies have landed
+// and before the CTA barrier that hands the buffer to the wgmmas. A buffer is refilled only after
+// the barrier that follows the wgmma_wait<0> of every warpgroup that read it.
+#pragma once
+
+#include "cuda/attention/sm90/wgmma.cuh"
+#include "cuda/gather/attention.cuh"
+
+namespace sparge::cuda::gather {
+
+template <int WG>
+struct WgShape {
+  static constexpr int kThreads = WG * 128;
+  static constexpr int kBM = WG * 64;
+  // Q (BM rows) + 2 stages of K and V (64 rows each), all rows D * 2 bytes; + 1 KB to align the
+  // base to the 1024-byte swizzle atom.
+  static constexpr int smem_bytes(int d) { return (kBM + 4 * kBN) * d * 2 + 1024; }
+};
+
+// Byte offset of (row r < 64, 16-byte chunk c) in a 64-row tile of D columns: D / 64 slabs of
+// 64 rows x 128 bytes (8 KB), 128-byte swizzle.
+__device__ __forceinline__ std::uint32_t sw128(int r, int c) {
+  return static_cast<std::uint32_t>((c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+template <class T, int D, int kThreads>
+__device__ __forceinline__ void load_kv_sw(const AttnArgs& a, const GroupPos& gp, const std::int32_t* keys, int U,
+                                           int blk, unsigned char* sk, unsigned char* sv) {
+  constexpr int kChunks = D / 8;
+  const T* kb = static_cast<const T*>(a.k) + gp.b * a.k0 + gp.hk * a.k2;
+  const T* vb = static_cast<const T*>(a.v) + gp.b * a.v0 + gp.hk * a.v2;
+#pragma unroll
+  for (int it = 0; it < kBN * kChunks / kThreads; ++it) {
+    const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const int u = blk * kBN + row;
+    const bool valid = u < U;
+    const std::int64_t j = valid ? keys[u] : 0;
+    const std::uint32_t off = sw128(row, chunk);
+    cp_async16(sk + off, kb + j * a.k1 + chunk * 8, valid);
+    cp_async16(sv + off, vb + j * a.v1 + chunk * 8, valid);
+  }
+}
+
+template <class T, int D, int WG>
+__global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const AttnArgs a) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  namespace wg = ::sparge::cuda::attn::sm90;
+  static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  constexpr int kThreads = WgShape<WG>::kThreads;
+  constexpr int kBM = WgShape<WG>::kBM;
+  constexpr int kChunks = D / 8;
+  constexpr int kNT = kBN / 8;                  // n-tiles of S
+  constexpr int kDT = D / 8;                    // n-tiles of O
+  constexpr std::uint32_t kTile = 64 * D * 2;   // bytes of a 64-row tile (Q per warpgroup, K, V)
+  constexpr std::uint32_t kSlab = 8192;         // 64 rows x 128 bytes
+  extern __shared__ unsigned char smem_raw[];
+  // Align the shared-memory offset (what the descriptors hold) to the 1024-byte swizzle atom.
+  unsigned char* base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned char* sq = base;                     // [WG][64 rows][D]
+  unsigned char* skv = sq + WG * kTile;         // stage s: K at skv + 2 s kTile, V right after
+
+  const Geometry& geo = a.geo;
+  const int w = static_cast<int>(blockIdx.y);
+  const GroupPos gp = group_pos(geo, a.first_group + w);
+  const int row0 = static_cast<int>(blockIdx.x) * kBM;
+  if (row0 >= gp.rows) return;  // the group's last positions were cut off by Sq (whole CTA)
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wgi = warp >> 2;  // warpgroup
+  const int U = a.scratch.union_size[w];
+  const std::int32_t* keys = a.scratch.union_keys + w * a.scratch.ucap;
+  const unsigned long long* masks = a.scratch.masks + w * a.scratch.words_cap * geo.rows;
+  const int nblk = (U + kBN - 1) / kBN;
+
+  // Q rows of the tile (zero past the group's rows).
+  {
+    const T* qb = static_cast<const T*>(a.q) + gp.b * a.q0;
+#pragma unroll
+    for (int it = 0; it < kBM * kChunks / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
+      const int r = idx / kChunks, chunk = idx % kChunks;
+      const int gr = row0 + r;
+      const bool valid = gr < gp.rows;
+      const std::int64_t i = valid ? gp.i0 + gr / geo.g : 0;
+      const std::int64_t h = valid ? gp.hk * geo.g + gr % geo.g : 0;
+      cp_async16(sq + (r >> 6) * kTile + sw128(r & 63, chunk), qb + i * a.q1 + h * a.q2 + chunk * 8, valid);
+    }
+  }
+  cp_async_commit();
+  if (nblk > 0) load_kv_sw<T, D, kThreads>(a, gp, keys, U, 0, skv, skv + kTile);
+  cp_async_commit();
+  cp_async_wait_all();
+  fence_proxy_async_smem();
+  __syncthreads();
+
+  // This thread's two rows: the warp's 16 rows of its warpgroup's 64, r = lane / 4 and r + 8.
+  const int gr_lo = row0 + warp * 16 + (lane >> 2);
+  const int gr_hi = gr_lo + 8;
+  const int tq = lane & 3;
+  float o[kDT][4];
+#pragma unroll
+  for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  const std::uint32_t q_addr = smem_addr(sq + wgi * kTile);
+
+  auto mask_word = [&](int blk, int gr) {
+    return blk < nblk && gr < gp.rows ? masks[static_cast<std::int64_t>(blk) * geo.rows + gr] : 0ull;
+  };
+  unsigned long long next_lo = mask_word(0, gr_lo), next_hi = mask_word(0, gr_hi);
+#pragma unroll 1
+  for (int blk = 0; blk < nblk; ++blk) {
+    const unsigned long long mask_lo = next_lo, mask_hi = next_hi;
+    next_lo = mask_word(blk + 1, gr_lo);
+    next_hi = mask_word(blk + 1, gr_hi);
+    const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
+    // Refill the other buffer: its last readers (step blk - 1) finished before the barrier that
+    // ended that step.
+    if (blk + 1 < nblk) {
+      unsigned char* nk = skv + ((blk + 1) & 1) * 2 * kTile;
+      load_kv_sw<T, D, kThreads>(a, gp, keys, U, blk + 1, nk, nk + kTile);
+    }
+    cp_async_commit();
+    const std::uint32_t k_addr = smem_addr(skv + (blk & 1) * 2 * kTile);
+    const std::uint32_t v_addr = k_addr + kTile;
+
+    // S = Q K^T for the warpgroup's 64 rows x 64 union positions.
+    float s[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    wg::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      wg::Wgmma<T, 64>::ss(s, wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k_addr, kSlab, ks), ks > 0 ? 1 : 0);
+    }
+    wg::wgmma_commit();
+    wg::wgmma_wait<0>();
+    wg::fence_accumulator(s);
+
+    softmax_step<kNT, kDT>(s, o, m, l, mask_lo, mask_hi, full, a.scale_log2, tq);
+
+    // O += P V: P from the S accumulators (per warp the A-fragment layout of m64n*k16).
+    // All of P is packed before the fence: registers written between wgmmas would need fences
+    // of their own (ptxas injects them).
+    std::uint32_t p[kBN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      p[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      p[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      p[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      p[kk][3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], wg::mn_major_desc(v_addr, kSlab, kk));
+    wg::wgmma_commit();
+    wg::wgmma_wait<0>();
+    wg::fence_accumulator(o);
+
+    // The next step's K/V must have landed (and be visible to the async proxy), and every
+    // warpgroup must be done with this buffer before the step after next overwrites it.
+    cp_async_wait_all();
+    fence_proxy_async_smem();
+    __syncthreads();
+  }
+
+  epilogue<T, kDT>(a, gp, o, m, l, gr_lo, tq);
+#else
+  __trap();  // the host selects this kernel on sm_90 only
+#endif
+}
+
+}  // namespace sparge::cuda::gather
