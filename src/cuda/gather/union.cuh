@@ -126,8 +126,12 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
   // Phase A: this CTA's rows' keys.
   for (int i = tid; i < a.words_k; i += kUnionThreads) bitmap[i] = 0;
   __syncthreads();
-  for_each_entry(a, gp, r_begin, r_end, true,
-                 [&](int, std::uint64_t, std::int32_t j) { atomicOr(&bitmap[j >> 5], 1u << (j & 31)); });
+  // A bit already set needs no atomic: rows of a group share most keys, and atomics on one word
+  // serialise. (A stale read only costs a redundant atomicOr.)
+  for_each_entry(a, gp, r_begin, r_end, true, [&](int, std::uint64_t, std::int32_t j) {
+    const std::uint32_t bit = 1u << (j & 31);
+    if ((bitmap[j >> 5] & bit) == 0) atomicOr(&bitmap[j >> 5], bit);
+  });
   if (a.ctas > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The group's union = OR of the cluster's bitmaps. The first cluster barrier publishes every
@@ -184,10 +188,13 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
       __syncthreads();  // ranks ready (first batch); the previous batch's stores have read smask
       for (int i = tid; i < nr * ms; i += kUnionThreads) smask[i] = 0;
       __syncthreads();
+      // 32-bit shared atomics on the halves of the 64-bit words (little-endian: bit u % 64 of word
+      // u / 64 is bit u % 32 of half u / 32).
+      std::uint32_t* smask32 = reinterpret_cast<std::uint32_t*>(smask);
       for_each_entry(a, gp, rb, re, false, [&](int gr, std::uint64_t row_id, std::int32_t j) {
         const std::uint32_t u = union_pos(j);
-        const unsigned long long bit = 1ull << (u & 63);
-        const unsigned long long old = atomicOr(&smask[(gr - rb) * ms + static_cast<int>(u >> 6)], bit);
+        const std::uint32_t bit = 1u << (u & 31);
+        const std::uint32_t old = atomicOr(&smask32[(gr - rb) * 2 * ms + static_cast<int>(u >> 5)], bit);
         // Which of two equal entries comes second depends on scheduling, so record the key, not t.
         if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
       });
