@@ -79,6 +79,7 @@ struct Tier {
     int rankable;
     int first_cross;
     float top_score;
+    int part[2][NT / 32];  // per-warp partial counts of the top-k bit search (double-buffered)
     unsigned char keep[kCap];
   };
 
@@ -90,8 +91,9 @@ struct Tier {
   }
 };
 
+// search: top-k rows take the bit search instead of the sort (cdf rows always sort).
 template <int NT, int IPT>
-__global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ SelectArgs a) {
+__global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ SelectArgs a, bool search) {
   using T = Tier<NT, IPT>;
   extern __shared__ __align__(16) unsigned char smem[];
   typename T::Shared& sh = *reinterpret_cast<typename T::Shared*>(smem);
@@ -141,8 +143,60 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
     __syncthreads();
     const int r = sh.rankable;
 
-    // ---- 2./3. ranking and selection (uniform branch: r and forced_row are the CTA's) -------
-    if (!forced_row && r > 0) {
+    // ---- 2./3. top-k by bit search (uniform branch), as select_by_search on one warp: the
+    // n-th smallest w = key >> kIdxBits (~0u for the unrankable) bit by bit from block-wide
+    // counts, then the ties at it in block order (blocked items: a block scan is in kb order).
+    if (!forced_row && r > 0 && search && a.rule.use_topk) {
+      const auto want = static_cast<std::int64_t>(floor(static_cast<double>(a.rule.value[h]) * static_cast<double>(nv)));
+      const int n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
+      std::uint32_t w[IPT];
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) w[i] = static_cast<std::uint32_t>(keys[i] >> T::kIdxBits);
+      const int lane = tid % 32, warp = tid / 32;
+      int parity = 0;
+      // Block-wide sum of one count per thread; one barrier (the buffers alternate, and a buffer
+      // is rewritten only after the next barrier, which every reader of it has passed).
+      const auto block_count = [&](unsigned c) {
+        c = __reduce_add_sync(0xffffffffu, c);
+        if (lane == 0) sh.part[parity][warp] = static_cast<int>(c);
+        __syncthreads();
+        int total = 0;
+#pragma unroll 4
+        for (int j = 0; j < NT / 32; ++j) total += sh.part[parity][j];
+        parity ^= 1;
+        return total;
+      };
+      std::uint32_t cross_w = ~0u;  // n == r: every rankable block (w <= ~0u - 1)
+      int need = 0;
+      if (n < r) {
+        std::uint32_t prefix = 0;
+#pragma unroll 1
+        for (int b = 31; b >= 0; --b) {
+          const std::uint32_t x = prefix | ((1u << b) - 1u);
+          unsigned c = 0;
+#pragma unroll
+          for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
+          if (block_count(c) < n) prefix |= 1u << b;
+        }
+        cross_w = prefix;
+        unsigned below = 0;
+#pragma unroll
+        for (int i = 0; i < IPT; ++i) below += w[i] < cross_w ? 1u : 0u;
+        need = n - block_count(below);  // >= 1 blocks with w == cross_w are kept
+      }
+      int tie[IPT], pos[IPT], ties_total;
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) tie[i] = n < r && w[i] == cross_w ? 1 : 0;
+      typename T::ScanI(sh.cub.scan_i).ExclusiveSum(tie, pos, ties_total);
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) {
+        const bool rankable = w[i] != ~0u;
+        const bool kept = n < r ? (w[i] < cross_w || (tie[i] && pos[i] < need)) : rankable;
+        if (rankable && kept) sh.keep[tid * IPT + i] = 1;
+      }
+      (void)ties_total;
+    } else if (!forced_row && r > 0) {
+      // ---- 2./3. ranking and selection by a sort (uniform branch) ----------------------------
       typename T::Sort(sh.cub.sort).Sort(keys, 0, 32 + T::kIdxBits);
       __syncthreads();  // the sort's storage is reused below
       int n;
@@ -480,12 +534,14 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
   return cudaGetLastError();
 }
 
-// SPARGE_BLOCKMAP_SELECT=count (read per call) picks the counting ranks for rows of at most 256
-// key blocks, for timing comparisons; the default is the bit search.
+// SPARGE_BLOCKMAP_SELECT=count (read per call) picks the previous selections, for timing
+// comparisons: counting ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
+// The default is the bit search.
 WarpKind warp_kind() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
   return v != nullptr && std::strcmp(v, "count") == 0 ? WarpKind::kCount : WarpKind::kSearch;
 }
+bool cta_search() { return warp_kind() == WarpKind::kSearch; }
 
 template <int NT, int IPT>
 std::size_t smem_bytes() {
@@ -503,7 +559,7 @@ cudaError_t launch(const SelectArgs& a, cudaStream_t st) {
     if (e != cudaSuccess) return e;
   }
   const int grid = static_cast<int>(rows < kMaxGrid ? rows : kMaxGrid);
-  select_kernel<NT, IPT><<<grid, NT, bytes, st>>>(a);
+  select_kernel<NT, IPT><<<grid, NT, bytes, st>>>(a, cta_search());
   return cudaGetLastError();
 }
 
@@ -523,7 +579,7 @@ std::size_t select_smem_bytes(std::int64_t nk) {
 
 const char* select_variant(std::int64_t nk) {
   if (nk <= 256) return warp_kind() == WarpKind::kCount ? "warp-count" : "warp-search";
-  return "cta-sort";
+  return cta_search() ? "cta-search (top-k; cdf sorts)" : "cta-sort";
 }
 
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
