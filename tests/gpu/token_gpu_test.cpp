@@ -911,13 +911,16 @@ SPARGE_CASES(GatherGpuLong) {
                          }
                        }
                        // The union kernel's variants (default attention path).
-                       struct Knob { const char* ctas; const char* mask_rows; };
-                       for (const Knob k : {Knob{"1", nullptr}, Knob{"2", nullptr}, Knob{nullptr, "3"}, Knob{nullptr, "0"},
-                                            Knob{"1", "5"}}) {
+                       struct Knob { const char* ctas; const char* mask_rows; const char* overlap; };
+                       for (const Knob k : {Knob{"1", nullptr, nullptr}, Knob{"2", nullptr, nullptr}, Knob{nullptr, "3", nullptr},
+                                            Knob{nullptr, "0", nullptr}, Knob{"1", "5", nullptr}, Knob{nullptr, nullptr, "3"},
+                                            Knob{"1", nullptr, "5"}}) {
                          ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", k.ctas);
                          ScopedEnv e2("SPARGE_GATHER_UNION_MASK_ROWS", k.mask_rows);
+                         ScopedEnv e3("SPARGE_GATHER_OVERLAP", k.overlap);
                          const std::string tag = std::string("ctas=") + (k.ctas ? k.ctas : "auto") +
-                                                 " mask_rows=" + (k.mask_rows ? k.mask_rows : "auto");
+                                                 " mask_rows=" + (k.mask_rows ? k.mask_rows : "auto") +
+                                                 " overlap=" + (k.overlap ? k.overlap : "off");
                          check_gather(run_gather(g, Backend::cuda, true, 64), o_ref, lse_ref, lowp_err, tag + " ur=64");
                          check_gather(run_gather(g, Backend::cuda, true, 7), o_ref, lse_ref, lowp_err, tag + " ur=7");
                        }
@@ -929,9 +932,11 @@ SPARGE_CASES(GatherGpuLong) {
                      const GCase c{1, 8, 2, 96, 4096, 128, 2048, DType::f16, true, false, 0.05, 32, 0.05};
                      const GProblem g = make_gather(c, "GATHER_GPU_LONG_RELAUNCH");
                      for (const char* path : kPaths) {
-                       for (const char* ctas : {"1", "8"}) {
+                       for (const char* ctas : {"1", "8", "overlap"}) {
                          ScopedEnv env("SPARGE_GATHER_PATH", std::strcmp(path, "default") == 0 ? nullptr : path);
-                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
+                         const bool ov = std::strcmp(ctas, "overlap") == 0;
+                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ov ? nullptr : ctas);
+                         ScopedEnv e3("SPARGE_GATHER_OVERLAP", ov ? "4" : nullptr);
                          SCOPED_TRACE(std::string("path=") + path + " ctas=" + ctas);
                          for (bool uni : {false, true}) {
                            const GOut first = run_gather(g, Backend::cuda, uni);
@@ -1003,9 +1008,10 @@ SPARGE_CASES(GatherGpuPerfPaths) {
                      SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
                      const std::vector<unsigned char> ref = o.download();
                      for (const char* path : {"mma64", "mma128", "wgmma", "wgmma256"}) {
-                       for (const char* ctas : {"1", "8"}) {
+                       for (const char* ctas : {"1", "8", "8+overlap4", "8+overlap8"}) {
                          ScopedEnv env("SPARGE_GATHER_PATH", path);
-                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
+                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", std::strncmp(ctas, "1", 1) == 0 ? "1" : "8");
+                         ScopedEnv e3("SPARGE_GATHER_OVERLAP", std::strlen(ctas) > 1 ? ctas + 9 : nullptr);
                          cudaEvent_t e0, e1v;
                          SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
                          SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));

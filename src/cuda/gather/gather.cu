@@ -228,6 +228,55 @@ Status describe_bad_row(const GatherAttentionParams& p, const gather::Geometry& 
   return runtime_error(detail::cat(kOp, ": the kernel flagged row (", b, ", ", h, ", ", i, ") but its list reads back valid"));
 }
 
+// SPARGE_GATHER_OVERLAP = N (2..64): run the groups in N waves with the unions on a side stream;
+// unset, < 2 or invalid: one stream, as many waves as the scratch budget needs.
+int overlap_waves() {
+  const char* e = std::getenv("SPARGE_GATHER_OVERLAP");
+  if (e == nullptr) return 0;
+  const int v = std::atoi(e);
+  return v >= 2 ? std::min(v, 64) : 0;
+}
+
+// The side stream of the overlap mode. init() creates it and makes it wait for everything the
+// caller's stream holds so far (inputs, scratch allocation, flag reset); join() makes the caller's
+// stream wait for everything the side stream was given. The destructor joins as well, so that on
+// an early error return no scratch buffer is freed (stream-ordered, on the caller's stream) while
+// a union kernel may still use it.
+struct SideStream {
+  cudaStream_t main;
+  cudaStream_t s = nullptr;
+  cudaEvent_t start = nullptr, end = nullptr;
+  cudaEvent_t union_done[2] = {}, attn_done[2] = {};
+  bool joined = true;
+  explicit SideStream(cudaStream_t m) : main(m) {}
+  cudaError_t init() {
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaEvent_t* evs[6] = {&start, &end, &union_done[0], &union_done[1], &attn_done[0], &attn_done[1]};
+    for (cudaEvent_t* ev : evs) {
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(start, main);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s, start, 0);
+    if (e == cudaSuccess) joined = false;
+    return e;
+  }
+  void join() {
+    if (joined || s == nullptr) return;
+    if (cudaEventRecord(end, s) == cudaSuccess) cudaStreamWaitEvent(main, end, 0);
+    joined = true;
+  }
+  ~SideStream() {
+    join();
+    cudaEvent_t evs[6] = {start, end, union_done[0], union_done[1], attn_done[0], attn_done[1]};
+    for (cudaEvent_t ev : evs) {
+      if (ev != nullptr) cudaEventDestroy(ev);
+    }
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+};
+
 // SPARGE_GATHER_PROFILE=1: times the first wave's union and attention kernels with events and
 // prints one line to stderr (synchronises the stream; measurement only).
 struct Profile {
@@ -286,13 +335,21 @@ Status gather_attention(const GatherAttentionParams& p) {
   sc.ucap = std::min<std::int64_t>(geo.sk, static_cast<std::int64_t>(geo.rows) * n_max);
   sc.words_cap = (sc.ucap + 63) / 64;
   const std::int64_t per_group = 4 + sc.ucap * 4 + sc.words_cap * geo.rows * 8;
-  const std::int64_t wave = std::clamp<std::int64_t>(kScratchBudget / per_group, 1, std::min<std::int64_t>(total_groups, 65535));
+  std::int64_t wave = std::clamp<std::int64_t>(kScratchBudget / per_group, 1, std::min<std::int64_t>(total_groups, 65535));
+  // Overlap (SPARGE_GATHER_OVERLAP = N >= 2): N waves over two scratch slots; wave k + 1's union
+  // runs on a side stream while wave k attends on the caller's stream.
+  const int ov = overlap_waves();
+  const int slots = ov >= 2 && total_groups >= 2 ? 2 : 1;
+  if (slots == 2) {
+    wave = std::clamp<std::int64_t>((total_groups + ov - 1) / ov, 1,
+                                    std::min<std::int64_t>(65535, std::max<std::int64_t>(1, kScratchBudget / 2 / per_group)));
+  }
 
   StreamBuffer<std::int32_t> sizes(stream), keys(stream);
   StreamBuffer<unsigned long long> masks(stream);
-  cudaError_t e = sizes.alloc(wave);
-  if (e == cudaSuccess) e = keys.alloc(wave * sc.ucap);
-  if (e == cudaSuccess) e = masks.alloc(wave * sc.words_cap * geo.rows);
+  cudaError_t e = sizes.alloc(slots * wave);
+  if (e == cudaSuccess) e = keys.alloc(slots * wave * sc.ucap);
+  if (e == cudaSuccess) e = masks.alloc(slots * wave * sc.words_cap * geo.rows);
   if (e != cudaSuccess) return cuda_fail("scratch allocation failed", e);
   sc.union_size = sizes.ptr;
   sc.union_keys = keys.ptr;
@@ -369,16 +426,35 @@ Status gather_attention(const GatherAttentionParams& p) {
   if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
   const unsigned row_tiles = static_cast<unsigned>((geo.rows + tile_rows - 1) / tile_rows);
   Profile prof(stream);
-  for (std::int64_t g0 = 0; g0 < total_groups; g0 += wave) {
+  SideStream side(stream);  // after the buffers: destroyed first, so the caller's stream waits for it
+  if (slots == 2) {
+    e = side.init();
+    if (e != cudaSuccess) return cuda_fail("cannot create the side stream", e);
+    prof.on = false;  // the split is not measurable with events on one stream
+  }
+  const cudaStream_t ustream = slots == 2 ? side.s : stream;
+  for (std::int64_t g0 = 0, k = 0; g0 < total_groups; g0 += wave, ++k) {
     if (prof.on && g0 == 0) cudaEventRecord(prof.ev[0], stream);
     const auto n = static_cast<unsigned>(std::min(wave, total_groups - g0));
+    const int slot = static_cast<int>(k % slots);
+    gather::Scratch sw = sc;
+    sw.union_size += slot * wave;
+    sw.union_keys += slot * wave * sc.ucap;
+    sw.masks += slot * wave * sc.words_cap * geo.rows;
+    ua.scratch = sw;
+    aa.scratch = sw;
     ua.first_group = g0;
     aa.first_group = g0;
+    // The slot's previous user (the attention of wave k - 2) must be done before its union is rebuilt.
+    if (slots == 2 && k >= 2) {
+      e = cudaStreamWaitEvent(side.s, side.attn_done[slot], 0);
+      if (e != cudaSuccess) return cuda_fail("cannot order the side stream", e);
+    }
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(n * static_cast<unsigned>(ua.ctas));
     cfg.blockDim = dim3(gather::kUnionThreads);
     cfg.dynamicSmemBytes = static_cast<size_t>(union_smem);
-    cfg.stream = stream;
+    cfg.stream = ustream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = static_cast<unsigned>(ua.ctas);
@@ -400,10 +476,20 @@ Status gather_attention(const GatherAttentionParams& p) {
       e = cudaLaunchKernelEx(&cfg, gather::union_kernel, ua);
     }
     if (e != cudaSuccess) return cuda_fail("union kernel launch failed", e);
+    if (slots == 2) {
+      e = cudaEventRecord(side.union_done[slot], side.s);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, side.union_done[slot], 0);
+      if (e != cudaSuccess) return cuda_fail("cannot order the union and attention kernels", e);
+    }
     if (prof.on && g0 == 0) cudaEventRecord(prof.ev[1], stream);
     attn<<<dim3(row_tiles, n), attn_threads, attn_smem, stream>>>(aa);
     if (prof.on && g0 == 0) cudaEventRecord(prof.ev[2], stream);
+    if (slots == 2) {
+      e = cudaEventRecord(side.attn_done[slot], stream);
+      if (e != cudaSuccess) return cuda_fail("cannot order the union and attention kernels", e);
+    }
   }
+  side.join();  // the flags are written by union kernels on the side stream
   if (prof.on) prof.report(ua.ctas, ua.mask_rows, tile_rows, ac.wgmma, total_groups, wave);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
