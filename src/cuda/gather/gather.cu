@@ -390,8 +390,8 @@ Status gather_attention(const GatherAttentionParams& p) {
     ua.mask_rows = static_cast<int>(std::clamp<std::int64_t>(budget / mask_row_bytes, 0, ua.rows_per_cta));
     // SPARGE_GATHER_UNION_MASK_ROWS = n caps the rows per shared-memory batch (0: global atomics),
     // so that tests reach every phase-B path at small sizes; results do not depend on it.
-    if (const char* e = std::getenv("SPARGE_GATHER_UNION_MASK_ROWS")) {
-      const int cap = std::atoi(e);
+    if (const char* env = std::getenv("SPARGE_GATHER_UNION_MASK_ROWS")) {
+      const int cap = std::atoi(env);
       if (cap >= 0) ua.mask_rows = std::min(ua.mask_rows, cap);
     }
     union_smem = ua.mask_off + static_cast<int>(ua.mask_rows * mask_row_bytes);
