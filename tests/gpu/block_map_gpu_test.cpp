@@ -774,6 +774,27 @@ SPARGE_CASES(BlockMapGpu) {
     c.b = 1, c.hq = 1, c.hk = 1, c.sq = 64, c.sk = sk, c.d = 16, c.sel = {0.02f}, c.causal = sk == 131072;
     add(cases, c);
   }
+  // The 128 x 128 scores tile (NQ and NK >= 128): partial tiles with NK % 4 != 0 (scalar stores)
+  // and full ones (float4 stores), both layouts, cdf with causal skipping of tiles. Ramp data keeps
+  // the thousands of rows free of near-ties; the diagnostic scores check every computed score.
+  {
+    Cfg c;
+    c.b = 1, c.hq = 2, c.hk = 1, c.sq = 8256, c.sk = 8320, c.d = 64, c.sel = {0.3f}, c.pattern = Pattern::ramp;
+    add(cases, c);
+    c.hk = 2, c.sq = 16384, c.sk = 16384, c.d = 128, c.causal = true, c.use_topk = false, c.sel = {0.9f};
+    c.scale = 0.01f, c.layout = Layout::hnd, c.dtype = DType::bf16;
+    add(cases, c);
+    c.hk = 1, c.sq = 16484, c.sk = 8200, c.blkq = 128, c.causal = false, c.use_topk = true, c.sel = {0.5f, 0.2f};
+    c.scale = 0.0f, c.sim = {0.1f}, c.sink = true, c.layout = Layout::nhd, c.dtype = DType::f16;
+    add(cases, c);
+  }
+  // Exact ties in rows longer than 256 key blocks (the CTA top-k search breaks them in block order).
+  for (bool causal : {false, true}) {
+    Cfg c;
+    c.b = 1, c.hq = 2, c.hk = 1, c.sq = 128, c.sk = 20000, c.d = 64, c.causal = causal, c.sel = {causal ? 0.3f : 0.6f};
+    c.pattern = Pattern::dup;
+    add(cases, c);
+  }
   // batch * heads > 65535 (1-D grids), and more heads than the kernel parameters carry inline.
   {
     Cfg c;
