@@ -3,8 +3,8 @@
 // row masked by its own mask word -- with warpgroup MMA. A CTA is WG warpgroups of 64 rows each
 // (BM = 64 WG). Every thread gathers K/V rows with 16-byte cp.async straight into the 128-byte
 // swizzled layout wgmma reads (cuda/attention/sm90/wgmma.cuh: row r's chunk c of a 64-column slab
-// at r * 128 + (c ^ (r % 8)) * 16), double-buffered: step blk + 1 is in flight while step blk
-// computes. Per step and warpgroup: S = Q K^T (wgmma ss, m64n64k16, Q and K K-major in shared
+// at r * 128 + (c ^ (r % 8)) * 16), kStages = 3 buffers: steps blk + 1 and blk + 2 are in flight
+// while step blk computes. Per step and warpgroup: S = Q K^T (wgmma ss, m64n64k16, Q and K K-major in shared
 // memory), the online softmax of attention.cuh on the accumulators (per warp the m16n8 layout),
 // then O += P V (wgmma rs: P from registers, V MN-major in shared memory).
 //
@@ -14,7 +14,8 @@
 // Ordering: cp.async writes are generic-proxy writes and wgmma reads shared memory through the
 // async proxy, so every thread fences (fence.proxy.async.shared::cta) after its copies have landed
 // and before the CTA barrier that hands the buffer to the wgmmas. A buffer is refilled only after
-// the barrier that follows the wgmma_wait<0> of every warpgroup that read it.
+// the barrier that follows the wgmma_wait<0> of every warpgroup that read it (the barrier at the
+// top of the next step).
 #pragma once
 
 #include "cuda/attention/sm90/wgmma.cuh"
@@ -26,9 +27,10 @@ template <int WG>
 struct WgShape {
   static constexpr int kThreads = WG * 128;
   static constexpr int kBM = WG * 64;
-  // Q (BM rows) + 2 stages of K and V (64 rows each), all rows D * 2 bytes; + 1 KB to align the
+  static constexpr int kStages = 3;  // K/V buffers: two steps in flight while one computes
+  // Q (BM rows) + kStages x (K and V, 64 rows each), all rows D * 2 bytes; + 1 KB to align the
   // base to the 1024-byte swizzle atom.
-  static constexpr int smem_bytes(int d) { return (kBM + 4 * kBN) * d * 2 + 1024; }
+  static constexpr int smem_bytes(int d) { return (kBM + kStages * 2 * kBN) * d * 2 + 1024; }
 };
 
 // Byte offset of (row r < 64, 16-byte chunk c) in a 64-row tile of D columns: D / 64 slabs of
@@ -41,6 +43,11 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 template <class T, int D, int kThreads>
@@ -107,12 +114,14 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
       cp_async16(sq + (r >> 6) * kTile + sw128(r & 63, chunk), qb + i * a.q1 + h * a.q2 + chunk * 8, valid);
     }
   }
-  cp_async_commit();
-  if (nblk > 0) load_kv_sw<T, D, kThreads>(a, gp, keys, U, 0, skv, skv + kTile);
-  cp_async_commit();
-  cp_async_wait_all();
-  fence_proxy_async_smem();
-  __syncthreads();
+  // Prologue: Q with step 0 as the first commit group, then steps 1 .. kStages - 2, one group
+  // each (empty groups past the end keep the count: step blk is always group blk).
+  constexpr int kStages = WgShape<WG>::kStages;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nblk) load_kv_sw<T, D, kThreads>(a, gp, keys, U, st, skv + st * 2 * kTile, skv + st * 2 * kTile + kTile);
+    cp_async_commit();
+  }
 
   // This thread's two rows: the warp's 16 rows of its warpgroup's 64, r = lane / 4 and r + 8.
   const int gr_lo = row0 + warp * 16 + (lane >> 2);
@@ -135,14 +144,19 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
     next_lo = mask_word(blk + 1, gr_lo);
     next_hi = mask_word(blk + 1, gr_hi);
     const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
-    // Refill the other buffer: its last readers (step blk - 1) finished before the barrier that
-    // ended that step.
-    if (blk + 1 < nblk) {
-      unsigned char* nk = skv + ((blk + 1) & 1) * 2 * kTile;
-      load_kv_sw<T, D, kThreads>(a, gp, keys, U, blk + 1, nk, nk + kTile);
+    // Step blk's group (and, at blk = 0, Q) has landed once at most kStages - 2 newer groups are
+    // pending; each thread fences its own copies for the async proxy, and the barrier hands them
+    // to every warpgroup. The barrier also says that every warpgroup has finished step blk - 1
+    // (its wgmma_wait<0>), so that step's buffer may be refilled with step blk + kStages - 1.
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    if (blk + kStages - 1 < nblk) {
+      unsigned char* nk = skv + ((blk + kStages - 1) % kStages) * 2 * kTile;
+      load_kv_sw<T, D, kThreads>(a, gp, keys, U, blk + kStages - 1, nk, nk + kTile);
     }
     cp_async_commit();
-    const std::uint32_t k_addr = smem_addr(skv + (blk & 1) * 2 * kTile);
+    const std::uint32_t k_addr = smem_addr(skv + (blk % kStages) * 2 * kTile);
     const std::uint32_t v_addr = k_addr + kTile;
 
     // S = Q K^T for the warpgroup's 64 rows x 64 union positions.
@@ -177,13 +191,8 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
     wg::wgmma_commit();
     wg::wgmma_wait<0>();
     wg::fence_accumulator(o);
-
-    // The next step's K/V must have landed (and be visible to the async proxy), and every
-    // warpgroup must be done with this buffer before the step after next overwrites it.
-    cp_async_wait_all();
-    fence_proxy_async_smem();
-    __syncthreads();
   }
+  cp_async_wait<0>();  // no copy outlives the CTA (the groups past the end are empty)
 
   epilogue<T, kDT>(a, gp, o, m, l, gr_lo, tq);
 #else
