@@ -64,8 +64,10 @@ struct PassArgs {
 // VEC: 16-byte loads (every Rows::vec); else 8 strided 2-byte loads per lane (any strides).
 // MINB: CTAs per SM the registers are capped for (3 spills ~100 bytes per thread, 2 spills none
 // without PREFETCH).
-template <class T, int LANES, bool PREFETCH, bool VEC, int MINB>
+// BATCH: steps of 16-byte loads in flight per lane (kBatch, or 16 for the `wide` variant).
+template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
+  constexpr int kBatch = BATCH;  // shadows the file's default
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
   const Geometry& g = a.g;
@@ -242,12 +244,14 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 // SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows, for timing
 // comparisons; every variant gives the same bits:
 //   prefetch (default): PREFETCH, 2 CTAs per SM;  base: no prefetch, 2 CTAs per SM (no spills);
-//   base3: no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills).
-enum class PoolVariant { kPrefetch, kBase, kBase3 };
+//   base3: no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills);
+//   wide: no prefetch, 16 load steps per batch (twice the bytes in flight per warp), 2 CTAs per SM.
+enum class PoolVariant { kPrefetch, kBase, kBase3, kWide };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
   if (v != nullptr && std::strcmp(v, "base") == 0) return PoolVariant::kBase;
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
+  if (v != nullptr && std::strcmp(v, "wide") == 0) return PoolVariant::kWide;
   return PoolVariant::kPrefetch;
 }
 
@@ -270,6 +274,8 @@ cudaError_t launch_pass(bool bf16, const PassArgs& a, cudaStream_t st) {
         pass_kernel<T, L, true, true, 2><<<grid, kPoolThreads, 0, st>>>(a);
       } else if (variant == PoolVariant::kBase) {
         pass_kernel<T, L, false, true, 2><<<grid, kPoolThreads, 0, st>>>(a);
+      } else if (variant == PoolVariant::kWide) {
+        pass_kernel<T, L, false, true, 2, 16><<<grid, kPoolThreads, 0, st>>>(a);
       } else {
         pass_kernel<T, L, false, true, 3><<<grid, kPoolThreads, 0, st>>>(a);
       }
@@ -326,6 +332,7 @@ const char* pool_variant_name() {
   switch (pool_variant()) {
     case PoolVariant::kBase: return "base";
     case PoolVariant::kBase3: return "base3";
+    case PoolVariant::kWide: return "wide";
     default: return "prefetch";
   }
 }
