@@ -190,9 +190,9 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
       typename T::ScanI(sh.cub.scan_i).ExclusiveSum(tie, pos, ties_total);
 #pragma unroll
       for (int i = 0; i < IPT; ++i) {
-        const bool rankable = w[i] != ~0u;
-        const bool kept = n < r ? (w[i] < cross_w || (tie[i] && pos[i] < need)) : rankable;
-        if (rankable && kept) sh.keep[tid * IPT + i] = 1;
+        const bool ranked = w[i] != ~0u;
+        const bool kept = n < r ? (w[i] < cross_w || (tie[i] && pos[i] < need)) : ranked;
+        if (ranked && kept) sh.keep[tid * IPT + i] = 1;
       }
       (void)ties_total;
     } else if (!forced_row && r > 0) {
