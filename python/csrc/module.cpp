@@ -4,6 +4,10 @@
 
 #include "sparge/ops.h"
 
+namespace sparge::py {
+void register_dist(pybind11::module_& m);  // dist.cpp
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "sparge: sparse attention kernels (torch ops are registered under torch.ops.sparge)";
 #ifdef SPARGE_WITH_CUDA
@@ -13,4 +17,5 @@ PYBIND11_MODULE(_C, m) {
 #endif
   m.def("cuda_available", &sparge::cuda_available,
         "Whether this build has the CUDA backend and the process sees a CUDA device.");
+  sparge::py::register_dist(m);
 }

@@ -19,6 +19,7 @@ except ImportError as e:  # pragma: no cover - depends on the build
 
 from . import _fake  # noqa: F401  (fake implementations for torch.compile)
 from . import utils
+from . import dist  # context parallelism (sparge.dist.sparge_attn, shard, unshard)
 from .api import (
     CDF_API_DEFAULTS,
     DEFAULT_BLKK,
@@ -53,6 +54,6 @@ def cuda_available() -> bool:
 __all__ = [
     "sparge_attn", "block_map", "block_sparse_attn", "dense_attn", "topk_select", "compact_mask",
     "gather_attn", "merge_attn", "sparsity_of", "spas_sage2_attn_meansim_topk_cuda",
-    "spas_sage2_attn_meansim_cuda", "built_with_cuda", "cuda_available", "utils",
+    "spas_sage2_attn_meansim_cuda", "built_with_cuda", "cuda_available", "utils", "dist",
     "DEFAULT_BLKQ", "DEFAULT_BLKK", "TOPK_API_DEFAULTS", "CDF_API_DEFAULTS",
 ]

@@ -75,3 +75,17 @@ def _gather_attn(q, k, v, indices, counts, is_causal, scale, group_union, union_
 def _merge_attn(o_a, lse_a, o_b, lse_b, tensor_layout):
     b, s, h, _ = _bshd(o_a, tensor_layout, "sparge.merge_attn", "o_a")
     return o_a.new_empty(o_a.shape), o_a.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.register_fake("sparge::dist_sparse_attn")
+def _dist_sparse_attn(q, k, v, comm, rank, world, seq_len, topk, cdfthreshd, simthreshd1, blkq, blkk, is_causal,
+                      attention_sink, smooth_k, scale, tensor_layout, return_lse, return_map, timeout):
+    op = "sparge.dist_sparse_attn"
+    b, l, hq, _ = _bshd(q, tensor_layout, op, "q")
+    i32 = torch.int32
+    if return_map:
+        lut = q.new_empty((b, hq, _blocks(l, blkq), _blocks(seq_len, blkk)), dtype=i32)
+        counts = q.new_empty((b, hq, _blocks(l, blkq)), dtype=i32)
+    else:
+        lut, counts = q.new_empty((0,), dtype=i32), q.new_empty((0,), dtype=i32)
+    return q.new_empty(q.shape), _lse(q, tensor_layout, return_lse, op), lut, counts
