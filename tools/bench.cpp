@@ -126,9 +126,9 @@ BenchConfig parse_bench(Args& a) {
   c.sink = a.get_bool("sink", false);
   c.smooth_k = a.get_bool("smoothk", true);
   c.validate = a.get_bool("v", false);
-  c.blkq = static_cast<int>(a.get_int("blkq", 64, 1, 1024));
+  c.blkq = static_cast<int>(a.get_int("blkq", 128, 1, 1024));
   if (c.blkq != 64 && c.blkq != 128) throw UsageError("sparge bench: -blkq=" + std::to_string(c.blkq) + ": expected 64 or 128");
-  c.blkk = static_cast<int>(a.get_int("blkk", 128, 1, 1024));
+  c.blkk = static_cast<int>(a.get_int("blkk", 64, 1, 1024));
   if (c.blkk != 64 && c.blkk != 128) throw UsageError("sparge bench: -blkk=" + std::to_string(c.blkk) + ": expected 64 or 128");
   c.scale = static_cast<float>(a.get_float("scale", 0.0, 0.0, 1e6));
   c.dtype = parse_dtype(a.get_choice("dtype", "fp16", {"fp16", "bf16", "fp32"}));

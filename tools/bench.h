@@ -15,7 +15,7 @@ struct BenchConfig {
   DType dtype = DType::f16;
   Backend backend = Backend::cpu;
   bool hnd = false, causal = false, sink = false, smooth_k = true, validate = false;
-  int blkq = 64, blkk = 128;
+  int blkq = 128, blkk = 64;
   float scale = 0.0f;
   // PerHead values (one value each, or empty); the params structs point into these vectors.
   std::vector<float> topk, cdf, simthreshd1, pv_threshold;

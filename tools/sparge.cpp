@@ -30,7 +30,7 @@ void print_usage() {
       "  -simthreshd1=0.001         self-similarity threshold; negative = no similarity test\n"
       "  -pvthreshd=<x>             PV-skip threshold in log2 units (upstream default 50); default off\n"
       "  -causal=0 -sink=0 -smoothk=1 -scale=0 (0 = 1/sqrt(d))\n"
-      "  -blkq=64 -blkk=128         block sizes, 64 or 128\n"
+      "  -blkq=128 -blkk=64         block sizes, 64 or 128 (upstream SpargeAttn's default)\n"
       "  -dtype=fp16|bf16|fp32      inputs and output (fp32: cpu only)\n"
       "  -layout=nhd|hnd            storage of q/k/v/o ([b,s,h,d] or [b,h,s,d])\n"
       "  -backend=cpu|cuda          default cuda when usable\n"

@@ -2,10 +2,13 @@
 // any backend sees them, and every error names the operation, the parameter and the bad value.
 #pragma once
 
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
-#include <sstream>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "sparge/ops.h"
 
@@ -17,11 +20,54 @@
 
 namespace sparge::detail {
 
+// Appends one value as `std::ostream <<` would print it with default flags (integers in decimal,
+// floating point as "%g", bool as 0/1, pointers as %p).
+//
+// No iostreams on purpose: a host compiler that links parts of libstdc++ statically (as the
+// H200 image's /opt/gcc wrapper did for the Python extension), together with
+// -Wl,-Bsymbolic-functions, bound our `ostream <<` calls to a private copy of the stream code
+// whose locale facets were never initialised: the first error message with a number in it
+// crashed the process (SIGSEGV in std::ostream::_M_insert<long>). to_chars and snprintf carry
+// no such state.
+template <class T>
+void append(std::string& out, const T& v) {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, bool>) {
+    out.push_back(v ? '1' : '0');
+  } else if constexpr (std::is_same_v<U, char> || std::is_same_v<U, signed char> || std::is_same_v<U, unsigned char>) {
+    out.push_back(static_cast<char>(v));
+  } else if constexpr (std::is_integral_v<U>) {
+    char buf[24];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out.append(buf, r.ptr);
+  } else if constexpr (std::is_enum_v<U>) {
+    append(out, static_cast<std::underlying_type_t<U>>(v));
+  } else if constexpr (std::is_floating_point_v<U>) {
+    char buf[32];
+    const int n = std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
+    out.append(buf, static_cast<std::size_t>(n > 0 ? n : 0));
+  } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    if constexpr (std::is_pointer_v<U>) {
+      if (v == nullptr) {
+        out.append("(null)");
+        return;
+      }
+    }
+    out.append(std::string_view(v));
+  } else if constexpr (std::is_pointer_v<U>) {
+    char buf[32];
+    const int n = std::snprintf(buf, sizeof buf, "%p", static_cast<const void*>(v));
+    out.append(buf, static_cast<std::size_t>(n > 0 ? n : 0));
+  } else {
+    static_assert(std::is_convertible_v<const T&, std::string_view>, "detail::cat: no conversion for this type");
+  }
+}
+
 template <class... Args>
 std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  std::string out;
+  (append(out, args), ...);
+  return out;
 }
 
 template <class... Args>
