@@ -214,7 +214,7 @@ unsigned long long* pinned_totals(std::size_t n) {
 //   step t+1's shard done (transfer stream), step t = compute of step t done, end = outputs written.
 class Profile {
  public:
-  explicit Profile(int rank) : rank_(rank) {
+  explicit Profile(int rank) : rank_(rank), host0_(Clock::now()) {
     const char* v = std::getenv("SPARGE_DIST_PROFILE");
     on_ = v != nullptr && v[0] != '\0' && v[0] != '0';
   }
@@ -223,6 +223,12 @@ class Profile {
   }
   Profile(const Profile&) = delete;
   Profile& operator=(const Profile&) = delete;
+
+  // Host time since the call began, for the host-side gaps (planning, allocation, waits).
+  void host_mark(const char* name) {
+    if (!on_) return;
+    host_.emplace_back(name, std::chrono::duration<double, std::milli>(Clock::now() - host0_).count());
+  }
 
   void mark(std::string name, cudaStream_t s) {
     if (!on_) return;
@@ -242,13 +248,21 @@ class Profile {
       std::snprintf(buf, sizeof buf, " %s %.2f", marks_[i].first.c_str(), static_cast<double>(ms));
       line += buf;
     }
+    line += " | host:";
+    for (const auto& h : host_) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " %s %.2f", h.first, h.second);
+      line += buf;
+    }
     std::fprintf(stderr, "%s (ms)\n", line.c_str());
   }
 
  private:
   int rank_;
   bool on_ = false;
+  Clock::time_point host0_;
   std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+  std::vector<std::pair<const char*, double>> host_;
 };
 
 // Resources released on every path. On an error the frees are stream-ordered behind everything
@@ -375,6 +389,7 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res, Profil
   SPARGE_RETURN_IF_ERROR(g.cuda(sparge::cuda::scratch_pool(pool), "creating the scratch pool"));
   SPARGE_RETURN_IF_ERROR(g.cuda(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&res.base), A.size(), pool, cs),
                                 "cudaMallocFromPoolAsync of the scratch"));
+  prof.host_mark("alloc");
   prof.mark("start", cs);
   unsigned long long* host_totals = pinned_totals(std::max<std::size_t>(ncalls, 1));
   if (host_totals == nullptr) return g.cuda(cudaErrorMemoryAllocation, "cudaHostAlloc of the call totals");
@@ -584,6 +599,7 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res, Profil
   prof.mark("map", cs);
   SPARGE_RETURN_IF_ERROR(g.cuda(cudaEventRecord(ev_map, cs), "cudaEventRecord"));
   SPARGE_RETURN_IF_ERROR(g.wait(ev_map, "the block map (all-gathers of the K statistics)"));
+  prof.host_mark("map_waited");
 
   // ---- 3. the ring --------------------------------------------------------------------------
   if (p.comm.stream != nullptr) {
@@ -713,8 +729,9 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res, Profil
   SPARGE_RETURN_IF_ERROR(g.cuda(kernels::launch_finish(fin, cs), "writing the outputs"));
   prof.mark("end", cs);
   SPARGE_RETURN_IF_ERROR(g.cuda(cudaEventRecord(ev_done, cs), "cudaEventRecord"));
+  prof.host_mark("enqueued");
   SPARGE_RETURN_IF_ERROR(g.wait(ev_done, "the ring attention (transfers and compute)"));
-  prof.print();
+  prof.host_mark("done");
   return {};
 }
 
@@ -729,6 +746,10 @@ Status run(const SparseAttentionParams& p) {
   Profile prof(p.comm.rank);
   const Status st = run_impl(p, g, res, prof);
   res.release();
+  if (st.ok()) {
+    prof.host_mark("released");
+    prof.print();
+  }
   return st;
 }
 
