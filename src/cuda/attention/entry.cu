@@ -67,8 +67,8 @@ struct Sm90Variant {
       SPARGE_SM90_VARIANT(dt, ty, 128, 128, 64), SPARGE_SM90_VARIANT(dt, ty, 128, 128, 128)
 
 // Every instantiation in sm90/inst/ (its generate.sh writes the same set).
-// Plus the dense-only tile of attn::sm90::dense_tile (a SPARGE_SM90_VARIANT bit): 192 x 128 at head
-// dim 64.
+// Plus the dense-only tile of attn::sm90::dense_tile: 192 x 128 at head dim 64 (the default;
+// SPARGE_SM90_VARIANT bit 8 selects 128 x 128).
 const Sm90Variant kSm90Variants[] = {SPARGE_SM90_VARIANTS_OF(DType::f16, __half),
                                      SPARGE_SM90_VARIANTS_OF(DType::bf16, __nv_bfloat16),
                                      SPARGE_SM90_VARIANT(DType::f16, __half, 64, 192, 128),
@@ -82,8 +82,8 @@ const Sm90Variant kSm90Variants[] = {SPARGE_SM90_VARIANTS_OF(DType::f16, __half)
 // summation order.
 constexpr int kDenseBlockQ = 128;
 constexpr int kDenseBlockK = 64;
-// The Hopper kernel's dense tile: attn::sm90::dense_tile (128 x 128 unless SPARGE_SM90_VARIANT
-// selects FA3's 192 x 128 at head dim 64).
+// The Hopper kernel's dense tile: attn::sm90::dense_tile (128 x 128 at head dim 128, FA3's
+// 192 x 128 at head dim 64 unless SPARGE_SM90_VARIANT bit 8 asks for 128 x 128).
 
 // What the selection function needs to know, shared by the sparse and the dense entry.
 struct Problem {

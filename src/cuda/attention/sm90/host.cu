@@ -62,12 +62,12 @@ int variant_bits() {
   if (e == nullptr) return 0;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 0);
-  return end != e && v >= 0 && v < 256 ? static_cast<int>(v) : 0;
+  return end != e && v >= 0 && v < 1024 ? static_cast<int>(v) : 0;
 }
 
 DenseTile dense_tile(int head_dim, bool /*causal*/) {
   const int v = variant_bits();
-  if (head_dim == 64 && (v & kVariantDenseQ192) != 0) return {192, 128};
+  if (head_dim == 64 && (v & kVariantDenseQ128) == 0) return {192, 128};
   return {128, 128};
 }
 

@@ -156,8 +156,26 @@ __device__ __forceinline__ BlockIter make_iter(const KernelParams& p, const Tile
                        p.nk_lut, visible);
 }
 
+// One K or V slab box of a tile: into this CTA's stage, or (multicast, kVariantClusterKV) only the
+// slab whose index is this CTA's rank in its cluster of 2, written to the same offset of both CTAs'
+// shared memory and completing bytes on the same barrier offset in both.
+// The flag and the rank are read at each use (kernel parameter, special register): the producer
+// has 24 registers, and keeping them live across its loop made ptxas spill.
+template <class Tr>
+__device__ __forceinline__ void load_kv_slab(const Sm90Params& P, void* dst, const CUtensorMap* map, int s, int row,
+                                             const Tile& t, std::uint64_t* full) {
+  if (P.multicast == 0) {
+    tma_load_4d(dst, map, s * 64, row, t.hk, t.b_dim0, full);
+  } else if (static_cast<std::uint32_t>(s) == cluster_rank()) {
+    tma_load_4d_multicast(dst, map, s * 64, row, t.hk, t.b_dim0, full, 0x3);
+  }
+}
+
 // One tile's loads: Q (once the previous tile's consumers released it: q_phase is the parity of
-// this CTA's tile count), then the K and V tiles in the ring.
+// this CTA's tile count), then the K and V tiles in the ring. Multicast: clusters of 2 CTAs (dense, same
+// keys for both), each loading one of the two slabs of every K/V tile for both; the "full" barrier
+// still expects the whole tile (half from each CTA's TMA), the "empty" barrier counts the consumer
+// warps of both CTAs.
 template <class Tr>
 __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it,
                                          std::uint32_t q_phase, Ring<Tr>& ring) {
@@ -180,8 +198,8 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
       if (h == 1 && blocks == 1) break;
 #pragma unroll
       for (int s = 0; s < Tr::kSlabs; ++s) {
-        tma_load_4d(sm.ptr(sm.k(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.k_map, s * 64, kt.kb[h] * Tr::kBlockK,
-                    t.hk, t.b_dim0, sm.k_full(st));
+        load_kv_slab<Tr>(P, sm.ptr(sm.k(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.k_map, s,
+                         kt.kb[h] * Tr::kBlockK, t, sm.k_full(st));
       }
     }
     barrier_wait(sm.v_empty(st), parity);
@@ -191,8 +209,8 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
       if (h == 1 && blocks == 1) break;
 #pragma unroll
       for (int s = 0; s < Tr::kSlabs; ++s) {
-        tma_load_4d(sm.ptr(sm.v(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.v_map, s * 64, kt.kb[h] * Tr::kBlockK,
-                    t.hk, t.b_dim0, sm.v_full(st));
+        load_kv_slab<Tr>(P, sm.ptr(sm.v(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.v_map, s,
+                         kt.kb[h] * Tr::kBlockK, t, sm.v_full(st));
       }
     }
   }
@@ -227,9 +245,9 @@ struct Consumer {
   float l[2];  // this thread's partial denominators (the quad's are summed in the epilogue)
 
   __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, const Tile& t_, int cw_, int tid,
-                                      int variant)
+                                      const Sm90Params& P_)
       : p(p_), sm(sm_), t(t_), cw(cw_), warp(tid / 32), lane(tid % 32),
-        pingpong(Tr::kConsumers == 2 && (variant & kVariantNoPingpong) == 0) {
+        pingpong(Tr::kConsumers == 2 && (P_.variant & kVariantNoPingpong) == 0), P(P_) {
     const int wg_row0 = t.q0 + cw * 64;  // first query row of this warpgroup
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -260,6 +278,17 @@ struct Consumer {
   __device__ __forceinline__ void release(std::uint64_t* bar) const {
     __syncwarp();
     if (lane == 0) barrier_arrive(bar);
+  }
+  // A K or V stage: with multicast both CTAs' producers write it, so both must hear that this warp
+  // has finished reading it (its wgmmas completed: waited before this call). The flag and the rank
+  // are read where needed (kernel parameter, special register): registers are at their limit.
+  const Sm90Params& P;
+  __device__ __forceinline__ void release_kv(std::uint64_t* bar) const {
+    __syncwarp();
+    if (lane == 0) {
+      barrier_arrive(bar);
+      if (P.multicast != 0) barrier_arrive_peer(bar, cluster_rank() ^ 1u);
+    }
   }
 
   __device__ __forceinline__ void issue_qk(int st) {
@@ -448,7 +477,7 @@ struct Consumer {
       turn_end();
       wgmma_wait<0>();
       fence_accumulator(s);
-      release(sm.k_empty(st_prev));
+      release_kv(sm.k_empty(st_prev));
       float alpha[2];
       bool skip_prev = softmax_step<kVote>(kt0, alpha);
       bool half_prev = kt0.kb[1] < 0;
@@ -470,12 +499,12 @@ struct Consumer {
         turn_end();
         wgmma_wait<1>();
         fence_accumulator(s);
-        release(sm.k_empty(st));
+        release_kv(sm.k_empty(st));
         const bool skip = softmax_step<kVote>(kt, alpha);
         wgmma_wait<0>();
         fence_accumulator(o);
         fence_p();
-        release(sm.v_empty(st_prev));
+        release_kv(sm.v_empty(st_prev));
         rescale_and_pack(alpha);
         skip_prev = skip;
         half_prev = kt.kb[1] < 0;
@@ -493,7 +522,7 @@ struct Consumer {
       wgmma_wait<0>();
       fence_accumulator(o);
       fence_p();
-      release(sm.v_empty(st_prev));
+      release_kv(sm.v_empty(st_prev));
     }
 
     // Epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows).
@@ -527,18 +556,24 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
   sm.base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
   const int tid = threadIdx.x;
+  // Multicast (kVariantClusterKV): the launch made clusters of 2 CTAs computing tiles 2c, 2c + 1 (one
+  // tile each, the same keys); uniform over the grid.
+  // (Read from the parameter where needed, not kept in a register across the consumers' loop.)
   if (tid == 0) {
+    const bool mc = P.multicast != 0;
     barrier_init(sm.q_full(), 1);
     barrier_init(sm.q_empty(), Tr::kConsumers * 4);
     for (int s = 0; s < Tr::kStages; ++s) {
       barrier_init(sm.k_full(s), 1);
       barrier_init(sm.v_full(s), 1);
-      barrier_init(sm.k_empty(s), Tr::kConsumers * 4);
-      barrier_init(sm.v_empty(s), Tr::kConsumers * 4);
+      barrier_init(sm.k_empty(s), Tr::kConsumers * 4 * (mc ? 2 : 1));
+      barrier_init(sm.v_empty(s), Tr::kConsumers * 4 * (mc ? 2 : 1));
     }
     barrier_init_fence();
   }
   __syncthreads();
+  // The peer's TMA and arrivals must not reach barriers it has not initialized yet.
+  if (P.multicast != 0) cluster_sync_all();
 
   // CTA x computes tiles (slots of the order) x, x + grid, ... below num_tiles: one tile when the
   // grid covers them all, several when the launch is persistent. Every role walks the same slots
@@ -555,6 +590,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
         producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), q_phase, ring);
         q_phase ^= 1;
       }
+      // Multicast: this CTA must not exit while the peer's consumers may still arrive on its "empty"
+      // barriers. The producer waits for every stage's last use to be released by both CTAs (the
+      // waits a further refill of each stage would make); the peer's TMA writes into this CTA were
+      // all waited for by this CTA's consumers.
+      if (P.multicast != 0) {
+        for (int i = 0; i < Tr::kStages; ++i, ring.advance()) {
+          barrier_wait(sm.k_empty(ring.st), ring.phase ^ 1);
+          barrier_wait(sm.v_empty(ring.st), ring.phase ^ 1);
+        }
+      }
     }
   } else {
     registers_claim<Tr::kConsumerRegs>();
@@ -569,7 +614,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
       const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
       if (t.q0 >= t.sq) continue;
-      Consumer<Tr> c(p, sm, t, cw, tid % 128, P.variant);
+      Consumer<Tr> c(p, sm, t, cw, tid % 128, P);
       const BlockIter it = make_iter(p, t, visible_of<Tr>(p, t));
       if constexpr (Tr::kPair) {
         c.template run<false>(it, q_phase, ring);  // the launcher pairs only without pv_threshold
@@ -615,15 +660,45 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
     }
   }
   cudaGetLastError();  // a failed optional step above must not be reported as the launch's error
-  // Persistent (variant bit): one CTA per slot the GPU holds at once, each walking tiles x, x + grid,
-  // ... (the producer loads the next tile's Q and K while the consumers finish the last PV and store
-  // O). Otherwise one CTA per tile.
+  // Persistent: one CTA per slot the GPU holds at once, each walking tiles x, x + grid, ... (the
+  // producer loads the next tile's Q and K while the consumers finish the last PV and store O).
+  // Otherwise one CTA per tile. Default rule (round-3 H200 data, docs/attention_sm90.md): persistent
+  // for non-causal problems with BLKQ >= 128 and unpaired tiles, sparse or head dim 64 (causal lost
+  // 11% with static striding, the paired 128 x 64 LUT lost 8% at density 0.4, dense hd128 was even).
+  bool persistent = !p.p.is_causal && Tr::kBlockQ >= 128 && !Tr::kPair && (p.p.lut != nullptr || Tr::kHeadDim == 64);
+  if ((p.variant & kVariantPersistent) != 0) persistent = true;
+  if ((p.variant & kVariantNoPersistent) != 0) persistent = false;
   int grid = num_tiles;
-  if ((p.variant & kVariantPersistent) != 0 && have_sms && num_tiles > sms * Tr::kMinBlocks) {
-    grid = sms * Tr::kMinBlocks;
-  }
+  if (persistent && have_sms && num_tiles > sms * Tr::kMinBlocks) grid = sms * Tr::kMinBlocks;
   if ((p.variant & kVariantPersistentTest) != 0 && num_tiles > 3) grid = 3;  // every CTA walks many tiles
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
+  // Multicast (kVariantClusterKV, dense hd128 non-causal only): clusters of 2 CTAs on tiles 2c, 2c + 1,
+  // which are query blocks of one (batch, head) when nq is even, so they walk the same keys; each
+  // loads one 64-column slab of every K/V tile for both. One tile per CTA (no persistence).
+  const bool mc = (p.variant & kVariantClusterKV) != 0 && p.p.lut == nullptr && !p.p.is_causal && !Tr::kPair &&
+                  Tr::kBlockQ == 128 && Tr::kSlabs == 2 && Tr::kTileK == Tr::kBlockK && p.p.nq % 2 == 0 &&
+                  num_tiles % 2 == 0;
+  if (mc) {
+    q.multicast = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(num_tiles));
+    cfg.blockDim = dim3(Tr::kThreads);
+    cfg.dynamicSmemBytes = Tr::kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kernel, q) != cudaSuccess) {
+      cudaGetLastError();  // clusters refused: the plain launch below
+      q.multicast = 0;
+      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
+    }
+  } else {
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
+  }
   err = cudaGetLastError();
   if (order != nullptr) cudaFreeAsync(order, stream);
   return err;

@@ -20,6 +20,7 @@ struct Sm90Params {
   // balances skewed LUTs); nullptr: CTA i computes tile i. Set by Kernel::launch.
   const std::int32_t* order = nullptr;
   int variant = 0;    // SPARGE_SM90_VARIANT bits (kVariant*), set by Kernel::launch
+  int multicast = 0;  // 1: launched in clusters of 2 CTAs that load one K/V slab each for both (kVariantClusterKV)
   int num_tiles = 0;  // query tiles (slots of `order`); CTA x computes slots x, x + grid, ...
 };
 
@@ -29,13 +30,17 @@ struct Sm90Params {
 constexpr int kVariantNoPair = 1;      // 64-key LUT blocks as 64-key tiles (no pairing)
 constexpr int kVariantPairQ64 = 2;     // pair also at BLKQ 64, head dim 128 (one 128-key stage)
 constexpr int kVariantNoPingpong = 4;  // the two consumer warpgroups issue without taking turns
-constexpr int kVariantDenseQ192 = 8;
-constexpr int kVariantPersistent = 16;  // persistent CTAs (grid = CTAs the GPU holds at once)
-constexpr int kVariantPersistentTest = 32;  // test hook: persistent with a grid of 3 CTAs (many tiles each)  // dense head dim 64: 192 x 128 tiles, 3 consumer warpgroups (FA3's)
+constexpr int kVariantDenseQ128 = 8;   // dense head dim 64: 128 x 128 tiles (default: 192 x 128, 3 consumer WGs)
+constexpr int kVariantPersistent = 16;      // persistent CTAs always (grid = CTAs the GPU holds at once)
+constexpr int kVariantPersistentTest = 32;  // test hook: persistent with a grid of 3 CTAs (many tiles each)
+constexpr int kVariantNoPersistent = 64;    // never persistent (overrides the default rule and bit 16)
+constexpr int kVariantClusterKV = 128;      // dense hd128 non-causal: CTA pairs share K/V loads (TMA multicast)
+// Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles, and a LUT or head
+// dim 64 (docs/attention_sm90.md, round 4: where the round-3 measurements never lost).
 int variant_bits();
 
-// The dense tile of the Hopper kernel for this call (the variant bits above, read now): 128 x 128
-// by default.
+// The dense tile of the Hopper kernel for this call (the variant bits above, read now): 128 x 128,
+// and 192 x 128 at head dim 64 unless bit 8 asks for 128 x 128.
 struct DenseTile {
   int blkq, blkk;
 };

@@ -45,6 +45,32 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tensor_map, i
   ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, tensor_map, coords, bar);
 }
 
+// The same load multicast to the CTAs of `cta_mask` in this cluster: the box lands at dst's offset in
+// each one's shared memory and completes its bytes on the barrier at bar's offset in each.
+__device__ __forceinline__ void tma_load_4d_multicast(void* dst, const void* tensor_map, int c0, int c1, int c2, int c3,
+                                                      std::uint64_t* bar, std::uint16_t cta_mask) {
+  const std::int32_t coords[4] = {c0, c1, c2, c3};
+  ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, tensor_map, coords, bar, cta_mask);
+}
+
+// Clusters (multicast variant): this CTA's rank, an arrival on the barrier at the same offset in
+// CTA `peer`'s shared memory, and a barrier of every thread of the cluster (release / acquire;
+// not .aligned: threads of a warp may arrive from different branches).
+__device__ __forceinline__ std::uint32_t cluster_rank() {
+  std::uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void barrier_arrive_peer(std::uint64_t* bar, std::uint32_t peer) {
+  const std::uint32_t local = static_cast<std::uint32_t>(__cvta_generic_to_shared(bar));
+  std::uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(peer));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 // Register budget of a warpgroup (setmaxnreg): the producer gives registers back, the consumers
 // take them.
 template <int kRegs>
