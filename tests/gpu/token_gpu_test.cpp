@@ -176,6 +176,27 @@ SPARGE_CASES(TopkGpu) {
                        EXPECT_NE(gpu.st.message().find("row 5"), std::string::npos) << gpu.st.message();
                      }});
   }
+  // Long rows (the sample filter is on): NaN in a sampled column, in the row's last (partial)
+  // chunk and in the middle; the lowest (row, column) is reported under every kernel variant.
+  for (DType t : {DType::f32, DType::f16}) {
+    cases.push_back({Name("TOPK_GPU_NAN_LONG")("dtype", to_string(t)), [t] {
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       auto rng = rng_for("TOPK_GPU_NAN_LONG");
+                       const std::int64_t r = 4, n = 40003;
+                       auto s = make_scores(ScoreKind::normal, r, n, rng);
+                       s[static_cast<size_t>(3 * n + 0)] = NAN;          // row 3, sampled column 0
+                       s[static_cast<size_t>(2 * n + n - 1)] = -NAN;     // row 2, last column
+                       s[static_cast<size_t>(2 * n + 30001)] = NAN;      // row 2: the lowest
+                       for (const char* v : {"0", "1", "2", "3", "4", "5"}) {
+                         ::setenv("SPARGE_TOPK_VARIANT", v, 1);
+                         const auto gpu = run_topk(Backend::cuda, s, r, n, 2048, t);
+                         ::unsetenv("SPARGE_TOPK_VARIANT");
+                         SCOPED_TRACE(std::string("SPARGE_TOPK_VARIANT=") + v);
+                         EXPECT_EQ(gpu.st.code(), StatusCode::invalid_argument);
+                         EXPECT_NE(gpu.st.message().find("scores[2, 30001]"), std::string::npos) << gpu.st.message();
+                       }
+                     }});
+  }
   cases.push_back({"TOPK_GPU_RELAUNCH(r=64,n=20000,k=2048,dtype=f32,runs=400)", [] {
                      if (!have_gpu()) GTEST_SKIP() << "no GPU";
                      auto rng = rng_for("TOPK_GPU_RELAUNCH");
@@ -221,19 +242,26 @@ SPARGE_CASES(TopkGpu) {
                        cudaEvent_t e0, e1;
                        SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
                        SPARGE_CUDA_CHECK(cudaEventCreate(&e1));
-                       std::vector<float> ms;
-                       for (int it = 0; it < 23; ++it) {
-                         SPARGE_CUDA_CHECK(cudaEventRecord(e0));
-                         ASSERT_TRUE(topk_select(p).ok());
-                         SPARGE_CUDA_CHECK(cudaEventRecord(e1));
-                         SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
-                         float x = 0;
-                         SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
-                         if (it >= 3) ms.push_back(x);
+                       const char* variant = std::getenv("SPARGE_TOPK_VARIANT");
+                       // Second round: SPARGE_TOPK_NO_SYNC=1 (no NaN read-back), to see what the sync costs.
+                       for (const bool no_sync : {false, true}) {
+                         if (no_sync) ::setenv("SPARGE_TOPK_NO_SYNC", "1", 1);
+                         std::vector<float> ms;
+                         for (int it = 0; it < 23; ++it) {
+                           SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+                           ASSERT_TRUE(topk_select(p).ok());
+                           SPARGE_CUDA_CHECK(cudaEventRecord(e1));
+                           SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
+                           float x = 0;
+                           SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
+                           if (it >= 3) ms.push_back(x);
+                         }
+                         if (no_sync) ::unsetenv("SPARGE_TOPK_NO_SYNC");
+                         std::sort(ms.begin(), ms.end());
+                         std::printf("[perf] %s variant=%s: median %.3f ms (min %.3f, max %.3f), %s\n", name.c_str(),
+                                     variant != nullptr ? variant : "0", ms[ms.size() / 2], ms.front(), ms.back(),
+                                     no_sync ? "NO_SYNC (kernel + launch only)" : "includes the error-flag sync");
                        }
-                       std::sort(ms.begin(), ms.end());
-                       std::printf("[perf] %s: median %.3f ms (min %.3f, max %.3f), includes the error-flag sync\n", name.c_str(),
-                                   ms[ms.size() / 2], ms.front(), ms.back());
                        cudaEventDestroy(e0);
                        cudaEventDestroy(e1);
                      }});
@@ -755,7 +783,7 @@ std::vector<float> bucket_rows(std::int64_t r, std::int64_t n, std::int64_t stro
   return s;
 }
 
-enum class Fill { normal, all_equal, all_zero_signed, narrow, heavy_tie, single_neg_inf };
+enum class Fill { normal, all_equal, all_zero_signed, narrow, heavy_tie, single_neg_inf, mostly_neg_inf, sample_trap };
 
 std::vector<float> fill_rows(Fill f, std::int64_t r, std::int64_t n, std::mt19937_64& rng) {
   std::vector<float> s(static_cast<size_t>(r * n));
@@ -770,6 +798,15 @@ std::vector<float> fill_rows(Fill f, std::int64_t r, std::int64_t n, std::mt1993
       case Fill::narrow: x = 0.5f + u(rng) * 0.01f; break;  // one top-digit bin, many low digits
       case Fill::heavy_tie: x = u(rng) < 0.6f ? 1.0f : x - 3.0f; break;  // 60% one value, the k-th
       case Fill::single_neg_inf: x = (i % 3 == 0) ? -INFINITY : x; break;
+      case Fill::mostly_neg_inf: x = (i % 100 != 0) ? -INFINITY : x; break;  // 1% selectable
+      case Fill::sample_trap: {
+        // The histogram pass's sample reads columns t * n / 256 + [0, 4) (two_pass.cuh,
+        // sample_lowest_digit); with n % 256 == 0 these are the columns j with j % (n / 256) < 4.
+        // Large values exactly there make the sample overrate the row: with k > 1024 the k-th
+        // score lies below the sampled digit and the kernel must redo the pass counting every key.
+        const auto j = static_cast<std::int64_t>(i) % n;
+        if (n % 256 == 0 && j % (n / 256) < 4) x = 100.0f + static_cast<float>(j % 7);
+      } break;
     }
   }
   return s;
@@ -783,6 +820,8 @@ const char* fill_name(Fill f) {
     case Fill::narrow: return "narrow";
     case Fill::heavy_tie: return "heavytie";
     case Fill::single_neg_inf: return "neginf33";
+    case Fill::mostly_neg_inf: return "neginf99";
+    case Fill::sample_trap: return "sampletrap";
   }
   return "?";
 }
@@ -790,7 +829,7 @@ const char* fill_name(Fill f) {
 // Runs the CPU backend once and the GPU under each variant (the environment is restored).
 void expect_all_variants(const std::vector<float>& s, std::int64_t r, std::int64_t n, int k, DType t, std::int64_t cs = 1) {
   const auto cpu = run_topk(Backend::cpu, s, r, n, k, t, cs);
-  for (const char* v : {"0", "1", "2"}) {
+  for (const char* v : {"0", "1", "2", "3", "4", "5"}) {
     ::setenv("SPARGE_TOPK_VARIANT", v, 1);
     const auto gpu = run_topk(Backend::cuda, s, r, n, k, t, cs);
     ::unsetenv("SPARGE_TOPK_VARIANT");
@@ -833,6 +872,12 @@ SPARGE_CASES(TopkGpuStress) {
       {3, 7, 7, Fill::single_neg_inf, 1},    {6, 30000, 5000, Fill::single_neg_inf, 1},
       {3, 20000, 1500, Fill::heavy_tie, 3},  // strided rows through the scalar path, bucket overflow
       {3, 20000, 1500, Fill::narrow, 5},
+      // The sample filter of the histogram pass (rows >= 16384): the sample misleads it (k = 2048:
+      // the pass is repeated counting every key; k = 1000: the sampled values are the answer,
+      // with ties), fewer than k selectable scores behind a filter at the bin of -inf, strided.
+      {3, 65536, 2048, Fill::sample_trap, 1},  {3, 65536, 1000, Fill::sample_trap, 1},
+      {3, 65536, 2048, Fill::sample_trap, 3},  {4, 40000, 1000, Fill::mostly_neg_inf, 1},
+      {4, 40000, 300, Fill::mostly_neg_inf, 1},
   };
   for (const Shape& sh : shapes) {
     for (DType t : {DType::f32, DType::f16}) {

@@ -5,8 +5,15 @@
 //
 // Run-time switches (read on every call, for the device rounds; results never depend on them):
 //   SPARGE_TOPK_VARIANT=0  two-pass kernel, next chunk's loads issued before the current one is
-//                          processed (default); =1 the same without that prefetch; =2 the previous
-//                          four-read kernel (legacy.cuh), for comparison.
+//                          processed, histogram pass filtered by a sample of the row (default);
+//                          =1 the same without that prefetch (64 B of f32 per thread per chunk);
+//                          =2 the previous four-read kernel (legacy.cuh), for comparison;
+//                          =3 the default of commit 1aa32d2 unchanged (two_pass_1aa32d2.cuh: an
+//                             atomic per key in the histogram pass), the fallback if 0 regresses;
+//                          =4 variant 0 without the sample filter (every key counted), to measure
+//                             the filter alone;
+//                          =5 variant 0 plus an L2 prefetch 4 chunks beyond the register prefetch
+//                             (more bytes in flight; strided rows as variant 0).
 //   SPARGE_TOPK_NO_SYNC=1  measurement only: return without reading the NaN flag back, so without
 //                          synchronising the stream; a NaN score is then NOT reported. It exists to
 //                          measure what the synchronisation costs; see docs/token_sparse.md.
@@ -21,6 +28,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/topk/legacy.cuh"
 #include "cuda/topk/two_pass.cuh"
+#include "cuda/topk/two_pass_1aa32d2.cuh"
 #include "validate/validate.h"
 
 namespace sparge::cuda {
@@ -49,8 +57,10 @@ struct TopkPlan {
 // CPU backend): which kernel serves a dtype and load width.
 //   two-pass (two_pass.cuh): 256 threads; per chunk each thread owns 32 B of consecutive scores
 //   and the next chunk's loads are in flight while it works (variant 0), or 64 B without that
-//   prefetch (variant 1; f16 stays at 32 B); both stay within 64 registers (4 CTAs per SM). The strided path loads
-//   one score at a time, 16 per thread, no prefetch.
+//   prefetch (variant 1; f16 stays at 32 B); 63-64 registers (4 CTAs per SM), variant 0 without
+//   spills on sm_90a for f32, 12 B for f16. The strided path loads one score at a time, 16 per
+//   thread, no prefetch. Variants 0, 1, 4, 5 and the strided path filter the histogram pass with
+//   a sample of the row (two_pass.cuh); variant 3 is commit 1aa32d2's kernel, untouched.
 //   legacy (variant 2): 512 threads for long rows, 128 for short ones.
 template <class T, int kVec>
 void pick_kernel(TopkPlan& plan, std::int64_t n, int variant) {
@@ -62,17 +72,28 @@ void pick_kernel(TopkPlan& plan, std::int64_t n, int variant) {
   }
   plan.threads = topk::kThreads;
   if constexpr (kBytes16 == 0) {
-    plan.kernel = topk::two_pass_kernel<T, kVec, 16, false>;
+    switch (variant) {
+      case 3: plan.kernel = topk::v1::two_pass_kernel<T, kVec, 16, false>; break;
+      case 4: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, false>; break;
+      default: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, true>; break;
+    }
   } else {
     // f16 keeps 2 loads in variant 1 too: 32 scores per thread spill.
     constexpr int kLoadsNoPrefetch = sizeof(T) == 2 ? 2 : 4;
-    plan.kernel = variant == 1 ? topk::two_pass_kernel<T, kVec, kLoadsNoPrefetch, false> : topk::two_pass_kernel<T, kVec, 2, true>;
+    switch (variant) {
+      case 1: plan.kernel = topk::two_pass_kernel<T, kVec, kLoadsNoPrefetch, false, true>; break;
+      case 3: plan.kernel = topk::v1::two_pass_kernel<T, kVec, 2, true>; break;
+      case 4: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, false>; break;
+      case 5: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, true, 4>; break;
+      default: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, true>; break;
+    }
   }
 }
 
 int variant_from_env() {
-  if (env_is("SPARGE_TOPK_VARIANT", "1")) return 1;
-  if (env_is("SPARGE_TOPK_VARIANT", "2")) return 2;
+  for (const char* v : {"1", "2", "3", "4", "5"}) {
+    if (env_is("SPARGE_TOPK_VARIANT", v)) return *v - '0';
+  }
   return 0;
 }
 

@@ -21,6 +21,13 @@
 //      smaller column (binary search in the strong list before it moves). The strong list is moved
 //      in place from its top chunk down: a move only goes up, and every entry of a chunk is read
 //      before any of them is written.
+// With kFilter, step 1 is preceded by a sample of the row (kSampleElems scores per thread, spread
+// over the row) that picks a lowest top digit `lb` still worth counting: the pass then does a
+// shared-memory atomic only for keys with digit >= lb (a few percent of a random row instead of
+// every key, whose top digits cluster in a handful of bins and so serialise the atomics) and counts
+// the selectable keys in a register. The bins >= lb are exact, so when they hold at least k keys
+// the digit of the k-th is found among them exactly as without the filter; when they do not (the
+// sample misjudged the row), the pass is repeated counting every key. Results never depend on lb.
 // Reads of the row: 2 when the top bucket holds at most kCap keys (random scores at k = 2048 of
 // 131072: ~2200), 3 or 4 otherwise (as many as the old kernel did).
 //
@@ -38,14 +45,45 @@ constexpr int kThreads = 256;     // one CTA per row
 constexpr int kBins = 2048;       // 11-bit digits (the last one has 10 bits)
 constexpr int kCap = 4096;        // candidates kept in shared memory: 2 x 16 KB
 constexpr int kMinBlocksPerSm = 4;  // 512 rows on 132 SMs run in one wave
+constexpr int kSampleElems = 4;     // kFilter: scores sampled per thread (1024 per row)
+constexpr std::int64_t kFilterMinN = 16384;  // kFilter: shorter rows count every key
 
 // Every key below the key of -inf belongs to a negative NaN and every key above it is selectable
 // (or a positive NaN), so #selectable = the sum of the top-digit bins from 4 up: bin 3 ends exactly
 // at the key of -inf.
 static_assert(token::kNegInfKey == (4u << 21) - 1u, "the key of -inf must close top-digit bin 3");
 
+// A key that is not an ordinary selectable score: NaN (either sign) or -inf, i.e. key <= kNegInfKey
+// (-inf, negative NaN) or key > the key of +inf (positive NaN); one subtraction and one compare, so
+// the histogram pass tests it on every key and looks closer only when it is set.
+constexpr std::uint32_t kPosInfKey = 0xff800000u;  // token::order_key(bits of +inf)
+__device__ __forceinline__ bool is_special_key(std::uint32_t key) {
+  return key - (token::kNegInfKey + 1u) > kPosInfKey - (token::kNegInfKey + 1u);
+}
+
+// token::order_key of every non-NaN score, in three ALU operations: x + 0.0f (round to nearest,
+// no flush to zero: inline PTX so that no compiler flag changes it) turns -0.0 into +0.0 and leaves
+// every other non-NaN value as it is; then the sign decides between ~b and b | sign. A NaN comes
+// out as the canonical positive NaN (its key is > kPosInfKey whatever its sign): only rows that
+// are rejected anyway see the difference. The kernel uses this key in all passes.
+__device__ __forceinline__ std::uint32_t fast_key(std::uint32_t bits) {
+  float x;
+  asm("add.rn.f32 %0, %1, 0f00000000;" : "=f"(x) : "f"(__uint_as_float(bits)));
+  const std::uint32_t b = __float_as_uint(x);
+  return b ^ (static_cast<std::uint32_t>(static_cast<std::int32_t>(b) >> 31) | 0x80000000u);
+}
+
+// ++hist[bin] in shared memory when p, as a predicated reduction (no branch around it).
+__device__ __forceinline__ void add_one_if(std::uint32_t* hist, std::uint32_t bin, bool p) {
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(hist + bin));
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %1, 0;\n\t@q red.shared.add.u32 [%0], %2;\n\t}"
+      ::"r"(addr), "r"(static_cast<std::uint32_t>(p)), "r"(1u) : "memory");
+}
+
 // One thread's columns of a chunk: kVec * kLoads consecutive columns from `col`, of which the
-// first `valid` exist. Consecutive threads own consecutive column ranges, so a block scan over the
+// first `valid` exist (the others hold -inf, so that they need no test in the
+// histogram pass: see there). Consecutive threads own consecutive column ranges, so a block scan over the
 // threads in order lists the chunk's columns in ascending order. The scores are kept as loaded
 // (two f16 per register) to spare registers; bits(e) widens on use.
 template <class T, int kVec, int kLoads>
@@ -65,6 +103,7 @@ struct Slice {
       return raw[e];
     }
   }
+  __device__ __forceinline__ std::uint32_t key(int e) const { return fast_key(bits(e)); }
 
   // kVec > 1: rows are contiguous (s1 == 1) and 16-byte aligned (the host checks), so a full slice
   // is kLoads 16-byte loads; the row's tail and the strided path load one element at a time.
@@ -87,13 +126,14 @@ struct Slice {
       }
     }
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) raw[w] = 0;
+    for (int w = 0; w < kWords; ++w) raw[w] = kHalf ? 0xfc00fc00u : 0xff800000u;  // -inf
 #pragma unroll
     for (int e = 0; e < kElems; ++e) {
       if (e < valid) {
         if constexpr (kHalf) {
           const auto h = reinterpret_cast<const unsigned short*>(row)[(c + e) * s1];
-          raw[e / 2] |= static_cast<std::uint32_t>(h) << (16 * (e % 2));
+          const int sh = 16 * (e % 2);
+          raw[e / 2] = (raw[e / 2] & ~(0xffffu << sh)) | (static_cast<std::uint32_t>(h) << sh);
         } else {
           raw[e] = __float_as_uint(row[(c + e) * s1]);
         }
@@ -104,8 +144,10 @@ struct Slice {
 
 // Calls f(slice) on this thread's slice of every chunk of the row, in order; stops after the first
 // f that returns false. f's answer must be block-uniform (f may synchronise the block). With
-// kPrefetch the next chunk's loads are issued before f runs on the current one.
-template <bool kPrefetch, class S, class T, class F>
+// kPrefetch the next chunk's loads are issued before f runs on the current one; with kAhead > 0
+// (contiguous rows only) also an L2 prefetch of this thread's slice kAhead chunks further on,
+// which puts more bytes in flight without holding registers for them.
+template <bool kPrefetch, class S, int kAhead = 0, class T, class F>
 __device__ __forceinline__ void walk_row(const T* row, std::int64_t s1, std::int64_t n, F&& f) {
   constexpr std::int64_t kChunk = static_cast<std::int64_t>(kThreads) * S::kElems;
   const std::int64_t first = static_cast<std::int64_t>(threadIdx.x) * S::kElems;
@@ -114,6 +156,10 @@ __device__ __forceinline__ void walk_row(const T* row, std::int64_t s1, std::int
     cur.load(row, s1, first, n);
 #pragma unroll 1
     for (std::int64_t c0 = 0; c0 < n; c0 += kChunk) {
+      if constexpr (kAhead > 0) {
+        const std::int64_t c = c0 + (kAhead + 1) * kChunk + first;
+        if (c < n) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + c));  // inside the row only
+      }
       S next;
       next.load(row, s1, c0 + kChunk + first, n);  // past the row: valid = 0, nothing is read
       if (!f(cur)) break;
@@ -171,10 +217,42 @@ __device__ __forceinline__ std::uint32_t count_below(const V* v, std::int64_t st
   return lo;
 }
 
-template <class T, int kVec, int kLoads, bool kPrefetch>
+// kFilter: the lowest top digit worth counting in the histogram pass, from a sample of the row
+// (kSampleElems consecutive scores at kThreads evenly spaced columns), or 0 (count every key).
+// The sample's count of keys in bins >= lb must reach its expected count of the k largest plus a
+// margin of 4 standard deviations + 8, so that the k-th key of the row falls below lb only for rows
+// whose sampled columns are unlike the rest (then the caller repeats the pass with lb = 0).
+// Every thread calls it (it synchronises); hist must be zero on entry and is zero again on return.
+template <class T>
+__device__ __forceinline__ std::uint32_t sample_lowest_digit(const T* row, std::int64_t s1, std::int64_t n,
+                                                             std::uint32_t k, std::uint32_t* hist,
+                                                             scan::BlockScanStorage<kThreads>& scan_storage,
+                                                             Digit& sel) {
+  constexpr int kSamples = kThreads * kSampleElems;
+  if (n < kFilterMinN) return 0u;  // block-uniform; n >= kSamples, so the sampled columns are distinct
+  const float expected = static_cast<float>(kSamples) * static_cast<float>(k) / static_cast<float>(n);
+  const float target_f = expected + 4.0f * sqrtf(expected) + 8.0f;
+  if (target_f >= static_cast<float>(kSamples) / 2) return 0u;  // a filter would save little
+  const auto target = static_cast<std::uint32_t>(target_f) + 1u;
+  const std::int64_t c = static_cast<std::int64_t>(threadIdx.x) * n / kThreads;  // c + e < n
+#pragma unroll
+  for (int e = 0; e < kSampleElems; ++e) {
+    const std::uint32_t b = float_bits<T>(row[(c + e) * s1]);
+    if (!token::is_nan_bits(b)) atomicAdd(&hist[token::order_key(b) >> 21], 1u);
+  }
+  __syncthreads();
+  std::uint32_t total = 0;
+  const Digit d = select_digit(hist, kBins, target, scan_storage, sel, total);  // reads done on return
+  for (int b = static_cast<int>(threadIdx.x); b < kBins; b += kThreads) hist[b] = 0;
+  __syncthreads();
+  return total >= target ? d.bin : 0u;  // too few samples (NaN): no filter
+}
+
+template <class T, int kVec, int kLoads, bool kPrefetch, bool kFilter, int kAhead = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) two_pass_kernel(const TopkArgs a) {
   using S = Slice<T, kVec, kLoads>;
   constexpr int kElems = S::kElems;
+  static_assert(kAhead == 0 || (kVec > 1 && kPrefetch), "L2 prefetch only on the contiguous prefetching path");
   static_assert(kElems <= 32, "per-thread class masks are 32-bit");
   static_assert(static_cast<std::int64_t>(kThreads) * kElems < 65536 && kCap < 65536,
                 "the scans pack two 16-bit counts per thread");
@@ -193,26 +271,56 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) two_pass_kernel(con
   std::int32_t* out = a.indices + r * a.i0;
   const std::int64_t i1 = a.i1;
 
-  // ---- 1. top-digit histogram over the row (and the lowest NaN column of this thread).
+  // ---- 1. top-digit histogram over the row (bins >= lb only), the selectable keys and the lowest
+  // NaN column of this thread.
   for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
   __syncthreads();
+  std::uint32_t lb = 0;
+  if constexpr (kFilter) lb = sample_lowest_digit<T>(row, a.s1, n, k, hist, scan_storage, sel);
   std::uint32_t nan_col = ~0u;
-  walk_row<kPrefetch, S>(row, a.s1, n, [&](const S& s) {
+  std::uint32_t total = 0, n_selectable = 0;
+  Digit d{};
+#pragma unroll 1
+  for (;;) {
+    const std::uint32_t lb_key = lb << 21;  // count keys >= lb_key, i.e. top digit >= lb
+    std::uint32_t my_unselectable = 0;      // keys <= kNegInfKey (-inf, negative NaN)
+    // Per key: its bin if counted, and a flag for the rare NaN / -inf keys, handled afterwards.
+    // Columns past the row's end hold -inf: counted in bin 3 (only when lb <= 3, and then every
+    // selectable key is counted too, so `total` still decides right below and bin 3 is never the
+    // digit of T) and as unselectable, which is undone per slice.
+    walk_row<kPrefetch, S, kAhead>(row, a.s1, n, [&](const S& s) {
+      std::uint32_t special = 0;
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) {
-      if (e < s.valid) {
-        if (token::is_nan_bits(s.bits(e))) nan_col = min(nan_col, static_cast<std::uint32_t>(s.col + e));
-        atomicAdd(&hist[token::order_key(s.bits(e)) >> 21], 1u);
+      for (int e = 0; e < kElems; ++e) {
+        const std::uint32_t key = s.key(e);
+        special |= static_cast<std::uint32_t>(is_special_key(key)) << e;
+        add_one_if(hist, key >> 21, key >= lb_key);
       }
-    }
-    return true;
-  });
+      if (special != 0) {
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) {
+          if ((special >> e) & 1u) {
+            const std::uint32_t b = s.bits(e);
+            if (token::is_nan_bits(b)) nan_col = min(nan_col, static_cast<std::uint32_t>(s.col + e));
+            my_unselectable += token::order_key(b) <= token::kNegInfKey;
+          }
+        }
+        my_unselectable -= static_cast<std::uint32_t>(kElems - s.valid);  // the padding was -inf
+      }
+      return true;
+    });
+    __syncthreads();
+    std::uint32_t n_unselectable = 0;
+    (void)scan::block_exclusive_sum<kThreads>(my_unselectable, scan_storage, n_unselectable);
+    n_selectable = static_cast<std::uint32_t>(n) - n_unselectable;
+    d = select_digit(hist, kBins, k, scan_storage, sel, total);  // total = keys counted in hist
+    // Block-uniform. With lb = 0 every key is counted, so total >= n_selectable.
+    if (lb == 0 || n_selectable < k || total >= k) break;
+    lb = 0;  // the sample misjudged the row: count every key (hist is no longer read: see select_digit)
+    for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
+    __syncthreads();
+  }
   if (nan_col != ~0u) flags::record(a.nan_flag, r, nan_col);
-  __syncthreads();
-
-  std::uint32_t total = 0;
-  Digit d = select_digit(hist, kBins, k, scan_storage, sel, total);
-  const std::uint32_t n_selectable = total - (hist[0] + hist[1] + hist[2] + hist[3]);
 
   // The current range of keys [lo, hi] holding T; n_above = #(keys > hi); k_rem = T's rank in it.
   std::uint32_t prefix = 0, n_above = 0, k_rem = k, count = 0;
@@ -234,10 +342,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) two_pass_kernel(con
       __syncthreads();  // every thread has read hist (n_selectable, the previous digit)
       for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
       __syncthreads();
-      walk_row<kPrefetch, S>(row, a.s1, n, [&](const S& s) {
+      walk_row<kPrefetch, S, kAhead>(row, a.s1, n, [&](const S& s) {
 #pragma unroll
         for (int e = 0; e < kElems; ++e) {
-          const std::uint32_t key = token::order_key(s.bits(e));
+          const std::uint32_t key = s.key(e);
           if (e < s.valid && (key & pmask) == prefix) atomicAdd(&hist[(key >> shift) & (bins - 1)], 1u);
         }
         return true;
@@ -262,36 +370,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) two_pass_kernel(con
 
   // ---- 3. emit pass: strong keys to their slots, candidates (or ties) compacted, all ascending.
   std::uint32_t base_s = 0, base_c = 0;
-  walk_row<kPrefetch, S>(row, a.s1, n, [&](const S& s) {
+  walk_row<kPrefetch, S, kAhead>(row, a.s1, n, [&](const S& s) {
     if (base_s >= n_strong && base_c >= want_cand) return false;  // block-uniform: from the scans
-    std::uint32_t is_strong = 0, is_cand = 0, ns = 0, nc = 0;
+    std::uint32_t is_strong = 0, is_cand = 0;
 #pragma unroll
     for (int e = 0; e < kElems; ++e) {
-      const std::uint32_t key = token::order_key(s.bits(e));
-      const bool st = e < s.valid && key > hi;
-      const bool cd = e < s.valid && key >= lo && key <= hi;
-      is_strong |= static_cast<std::uint32_t>(st) << e;
-      is_cand |= static_cast<std::uint32_t>(cd) << e;
-      ns += st;
-      nc += cd;
+      const std::uint32_t key = s.key(e);
+      is_strong |= static_cast<std::uint32_t>(key > hi) << e;
+      is_cand |= static_cast<std::uint32_t>(key - lo <= hi - lo) << e;  // lo <= key <= hi (lo <= hi)
     }
+    if (s.valid != kElems) {  // the columns past the row's end (only in its last chunk)
+      const std::uint32_t live = s.valid <= 0 ? 0u : (s.valid >= 32 ? ~0u : (1u << s.valid) - 1u);
+      is_strong &= live;
+      is_cand &= live;
+    }
+    const std::uint32_t ns = __popc(is_strong), nc = __popc(is_cand);
     std::uint32_t chunk_total = 0;
     const std::uint32_t excl = scan::block_exclusive_sum<kThreads>((ns << 16) | nc, scan_storage, chunk_total);
     std::uint32_t slot = base_s + (excl >> 16);
     std::uint32_t rank = base_c + (excl & 0xffffu);
+    for (std::uint32_t m = is_strong; m != 0; m &= m - 1) {  // set bits, lowest (column) first
+      const auto col = static_cast<std::int32_t>(s.col + (__ffs(static_cast<int>(m)) - 1));
+      if (slot < k) out[static_cast<std::int64_t>(slot) * i1] = col;
+      ++slot;
+    }
 #pragma unroll
     for (int e = 0; e < kElems; ++e) {
       const auto col = static_cast<std::int32_t>(s.col + e);
-      if ((is_strong >> e) & 1u) {
-        if (slot < k) out[static_cast<std::int64_t>(slot) * i1] = col;
-        ++slot;
-      }
       if ((is_cand >> e) & 1u) {
         if (single) {
           if (rank < take_ties) out[static_cast<std::int64_t>(n_strong + rank) * i1] = col;
         } else if (rank < static_cast<std::uint32_t>(kCap)) {
           cand_col[rank] = static_cast<std::uint32_t>(col);
-          cand_key[rank] = token::order_key(s.bits(e));
+          cand_key[rank] = s.key(e);
         }
         ++rank;
       }
