@@ -85,8 +85,8 @@ def test_block_sparse_attn_is_deterministic_and_honours_scale(device):
     gen = torch.Generator().manual_seed(7)
     q, k, v = randn_qkv(1, 2, 2, 192, 192, 64, dtype, device, "HND", gen)
     lut, counts = _random_lut(1, 2, 192, 192, 64, 64, 0.6, gen, device)
-    a = sparge.block_sparse_attn(q, k, v, lut, counts, scale=0.3, return_lse=True)
-    c = sparge.block_sparse_attn(q, k, v, lut, counts, scale=0.3, return_lse=True)
+    a = sparge.block_sparse_attn(q, k, v, lut, counts, blkq=64, blkk=64, scale=0.3, return_lse=True)
+    c = sparge.block_sparse_attn(q, k, v, lut, counts, blkq=64, blkk=64, scale=0.3, return_lse=True)
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
     mask = utils.token_mask_from_lut(lut, counts, 192, 192, 64, 64)
     ref_o, _ = ref_attention(q, k, v, mask, scale=0.3)
@@ -207,7 +207,7 @@ def test_merge_disjoint_luts_with_empty_rows(device):
     bm = torch.rand(b, h, nq, nq, generator=gen) < 0.7
     take_a = torch.rand(b, h, nq, nq, generator=gen) < 0.5
     parts = [utils.lut_from_block_mask(m) for m in (bm & take_a, bm & ~take_a)]
-    (oa, la), (ob, lb) = (sparge.block_sparse_attn(q, k, v, l.to(device), c.to(device), is_causal=True,
+    (oa, la), (ob, lb) = (sparge.block_sparse_attn(q, k, v, l.to(device), c.to(device), blkq=blk, blkk=blk, is_causal=True,
                                                    tensor_layout="NHD", return_lse=True) for l, c in parts)
     o, lse = sparge.merge_attn(oa, la, ob, lb, tensor_layout="NHD")
     lut, counts = utils.lut_from_block_mask(bm)

@@ -69,7 +69,7 @@ def test_bad_lut():
     q, k, v = _qkv()
     lut, counts = sparge.block_map(q, k, topk=0.5)
     with pytest.raises(ValueError, match="lut"):
-        sparge.block_sparse_attn(q, k, v, lut[:, :, :1], counts)
+        sparge.block_sparse_attn(q, k, v, lut[:, :, :, :1], counts)  # NK = 1 instead of 2
     with pytest.raises(ValueError):
         sparge.block_sparse_attn(q, k, v, lut.float(), counts)
     bad = lut.clone()
