@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -66,6 +67,7 @@ struct Cfg {
   bool outpad = false;      // lut / counts with gaps between rows
   bool determinism = false;  // run the GPU twice, compare bitwise
   bool own_stream = false;
+  bool fuse_variants = false;  // rerun under the pooling switches (fused or not, lags, variants), compare bitwise
   bool varlen() const { return !lens_q.empty(); }
 };
 
@@ -97,6 +99,7 @@ std::string case_name(const Cfg& c) {
   if (c.outpad) n("outpad", 1);
   if (c.determinism) n("det", 1);
   if (c.own_stream) n("stream", 1);
+  if (c.fuse_variants) n("fuse", "all");
   return n.str();
 }
 
@@ -564,6 +567,65 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
   }
 }
 
+// Sets an environment variable for one scope and restores the previous state.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// The pooling switches (docs/block_map_gpu.md) give the same bits: the fused smooth_k pass at
+// several lags (0: a unit's pooling right after its chunk sums; beyond the unit count: all sums
+// first), the three-launch path, and the kernel variants, each against the default run.
+void check_pool_switches(const Problem& p, const GpuResult& first) {
+  struct Setting {
+    const char* fuse;
+    const char* lag;
+    const char* pool;
+  };
+  const Setting settings[] = {{"0", nullptr, nullptr},      {nullptr, "0", nullptr},       {nullptr, "1", nullptr},
+                              {nullptr, "1000000", nullptr}, {nullptr, nullptr, "prefetch"}, {nullptr, nullptr, "base"},
+                              {"0", nullptr, "prefetch"},   {nullptr, "3", "wide"}};
+  const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const Setting& st : settings) {
+    ScopedEnv fuse("SPARGE_BLOCKMAP_FUSE", st.fuse), lag("SPARGE_BLOCKMAP_FUSE_LAG", st.lag),
+        pool("SPARGE_BLOCKMAP_POOL", st.pool);
+    GpuResult again;
+    run_gpu(p, again);
+    if (testing::Test::HasFatalFailure()) return;
+    const std::string what = std::string("FUSE=") + (st.fuse ? st.fuse : "-") + " LAG=" + (st.lag ? st.lag : "-") +
+                             " POOL=" + (st.pool ? st.pool : "-");
+    EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
+    EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
+                bits_equal(again.k_sim, first.k_sim))
+        << "diagnostic outputs differ bitwise under " << what;
+  }
+}
+
 void run_case(const Cfg& c, const std::string& name) {
   const bool gpu = have_gpu();
   const char* cpu_only = std::getenv("SPARGE_BLOCKMAP_CPU_ONLY");
@@ -591,6 +653,7 @@ void run_case(const Cfg& c, const std::string& name) {
   run_gpu(p, first);
   if (testing::Test::HasFatalFailure()) return;
   compare(p, cpu, first);
+  if (c.fuse_variants) check_pool_switches(p, first);
   if (c.determinism) {
     for (int rep = 0; rep < 3; ++rep) {
       GpuResult again;
@@ -818,6 +881,25 @@ SPARGE_CASES(BlockMapGpu) {
     Cfg c;
     c.b = 2, c.hq = 2, c.hk = 1, c.sq = sq, c.sk = sk, c.d = 64, c.causal = true, c.sel = {0.5f}, c.sim = {0.1f};
     c.sink = true;
+    add(cases, c);
+  }
+  // The pooling switches give the same bits as the default (fused smooth_k pass): GQA with many K
+  // chunks per unit, varlen with empty sequences and slack, small and large head dims, HND bf16.
+  {
+    Cfg c;
+    c.b = 3, c.hq = 8, c.hk = 2, c.sq = 1000, c.sk = 5000, c.d = 128, c.causal = true, c.sel = {0.3f};
+    c.sim = {0.1f}, c.fuse_variants = true, c.pattern = Pattern::ramp;
+    add(cases, c);
+    c.pattern = Pattern::random;
+    c.b = 2, c.hq = 4, c.hk = 4, c.sq = 700, c.sk = 2100, c.d = 256, c.causal = false, c.use_topk = false;
+    c.sel = {0.9f}, c.dtype = DType::bf16, c.layout = Layout::hnd;
+    add(cases, c);
+    c.b = 4, c.hq = 6, c.hk = 3, c.d = 8, c.dtype = DType::f16, c.layout = Layout::nhd, c.use_topk = true;
+    c.sel = {0.5f}, c.sim = {}, c.lens_q = {300, 0, 513, 64}, c.lens_k = {0, 1200, 257, 700}, c.slack_q = 20;
+    c.slack_k = 300, c.sq = c.sk = 0;
+    add(cases, c);
+    c.b = 1, c.hq = 1, c.hk = 1, c.d = 64, c.lens_q.clear(), c.lens_k.clear(), c.slack_q = c.slack_k = 0;
+    c.sq = 300, c.sk = 3000, c.causal = true, c.sink = true;  // one unit: every lag ends with all sums first
     add(cases, c);
   }
   // Determinism: the same inputs give bitwise the same outputs (run four times).

@@ -7,13 +7,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/cuda_backend.h"
+#include "cuda/scratch_pool.h"
 #include "validate/validate.h"
 
 namespace sparge::cuda {
@@ -112,41 +112,6 @@ void fill_heads(PerHead v, std::int64_t hq, HeadValues& out, std::vector<float>&
   }
 }
 
-// The scratch comes from a private stream-ordered pool per device that keeps its memory between
-// calls (release threshold: unlimited). With the device's default pool (threshold 0) every
-// synchronization returns the scratch to the driver and the next call maps it again, which costs
-// more host time than the kernels at small shapes. The pool holds at most the largest scratch
-// that was in use at one time (concurrent calls on several streams add up); it lives as long as
-// the process. Allocation from the pool stays stream ordered, so calls on different streams are
-// safe.
-cudaError_t scratch_pool(cudaMemPool_t& out) {
-  constexpr int kMaxDevices = 64;
-  static std::mutex mu;
-  static cudaMemPool_t pools[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (pools[dev] == nullptr) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = dev;
-    cudaMemPool_t pool = nullptr;
-    if ((e = cudaMemPoolCreate(&pool, &props)) != cudaSuccess) return e;
-    std::uint64_t keep = ~std::uint64_t{0};
-    if ((e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess) {
-      (void)cudaMemPoolDestroy(pool);
-      return e;
-    }
-    pools[dev] = pool;
-  }
-  out = pools[dev];
-  return cudaSuccess;
-}
-
 // SPARGE_BLOCKMAP_PROFILE=1 (read per call): a CUDA event after each launch, and one line on stderr
 // per call with the time of every stage (ms) and the total from the first launch. The print waits
 // for the last event, so profiling adds a host synchronization per call; off, it costs nothing.
@@ -231,13 +196,15 @@ Status build_block_map(const BlockMapParams& p) {
   if (rule.has_threshold) fill_heads(p.simthreshd1, g.hq, rule.threshold, host_threshold);
   const bool heads_on_device = g.hq > kInlineHeads;
 
-  // Scratch: one allocation on the stream (from the private pool), carved into fp32 regions.
+  // Scratch: one allocation on the stream (from the shared retained pool, src/cuda/scratch_pool.h),
+  // carved into fp32 regions (and the fused pass's 32-bit counters).
   Scratch s;
   s.nchunks = p.smooth_k ? (g.sk + kKSumRows - 1) / kKSumRows : 0;
   const auto n = [](std::int64_t v) { return round_up(static_cast<std::size_t>(v)); };
   const std::size_t sizes[] = {
       n(g.nseq * g.hk * s.nchunks * g.d), n(g.nseq * g.hk * g.d), n(g.nseq * g.hk * g.nk * g.d), n(g.nseq * g.hk * g.nk),
       n(g.nseq * g.hq * g.nq * g.d),      n(g.nseq * g.hq * g.nq), n(g.nseq * g.hq * g.nq * g.nk),
+      p.smooth_k ? n(2 + 2 * g.nseq * g.hk) : 0,  // the fused pass's counters (32-bit words)
       heads_on_device ? n(2 * g.hq) : 0};
   std::size_t floats = 0;
   for (std::size_t v : sizes) floats += v;
@@ -260,6 +227,8 @@ Status build_block_map(const BlockMapParams& p) {
     *regions[i] = cursor;
     cursor += sizes[i];
   }
+  if (p.smooth_k) s.sync = reinterpret_cast<std::uint32_t*>(cursor);  // 256-byte aligned
+  cursor += sizes[7];
 
   const char* phase = "";
   const auto fail = [&](cudaError_t err) {

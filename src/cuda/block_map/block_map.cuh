@@ -68,6 +68,9 @@ struct Scratch {
   float* q_sim = nullptr;   // [nseq, hq, NQ]
   float* scores = nullptr;  // [nseq, hq, NQ, NK] scale * pq . pk (only tiles that a row can see)
   std::int64_t nchunks = 0;
+  // [2 + 2 * nseq * hk] the fused smooth_k pass's ticket (64-bit) and per-(sequence, kv head)
+  // counters, zeroed by launch_pooling; null: the fused pass is not used (three launches).
+  std::uint32_t* sync = nullptr;
 };
 
 struct SelectRule {
@@ -92,7 +95,8 @@ struct Marks {
 // dtype_bf16 picks the element type of q / k.
 // Pools Q (heads = hq, blocks of blkq) and K (heads = hk, blocks of blkk, shifted by the K mean
 // when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
-// similarities and the optional diagnostic outputs. Two or three launches (pool.cu).
+// similarities and the optional diagnostic outputs. With smooth, vector rows and s.sync: one
+// fused launch (after a memset of s.sync); else two or three launches (pool.cu).
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
                            const Marks& marks = {});

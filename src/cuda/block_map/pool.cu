@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -65,24 +66,16 @@ struct PassArgs {
 // MINB: CTAs per SM the registers are capped for (3 spills ~100 bytes per thread, 2 spills none
 // without PREFETCH).
 // BATCH: steps of 16-byte loads in flight per lane (kBatch, or 16 for the `wide` variant).
-template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch>
-__global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
+template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH>
+__device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
+                                          std::int64_t b) {
   constexpr int kBatch = BATCH;  // shadows the file's default
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
-  const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int sub = lane % LANES, grp = lane / LANES;
   const bool col_ok = sub < g.d / 8;
-  const std::int64_t total = a.seg[0].count + a.seg[1].count;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
-  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < total; w += stride) {
-    const bool first = w < a.seg[0].count;
-    const Segment* sgp = first ? &a.seg[0] : &a.seg[1];  // __grid_constant__: no copy
-    const Segment& sg = *sgp;
-    std::int64_t i = first ? w : w - a.seg[0].count;
-    if (sg.reverse) i = sg.count - 1 - i;
-    const std::int64_t h = i % sg.heads, b = (i / sg.heads) % sg.nblk, si = i / (sg.heads * sg.nblk);
+  {
     const std::int64_t o = (si * sg.heads + h) * sg.nblk + b;  // output row
     const Seq seq = sequence(g, si);
     const std::int64_t len = sg.is_k ? seq.k_len : seq.q_len;
@@ -120,7 +113,7 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     float shift[8] = {};
     if (sg.shift != nullptr && col_ok) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) shift[j] = sg.shift[(si * sg.heads + h) * g.d + sub * 8 + j];
+      for (int j = 0; j < 8; ++j) shift[j] = __ldcg(sg.shift + (si * sg.heads + h) * g.d + sub * 8 + j);
     }
     float sum[8] = {}, unit[8] = {};
     const auto consume = [&](const uint4 (&raw)[kBatch], int s0) {
@@ -189,7 +182,7 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
         reinterpret_cast<float4*>(out)[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
         reinterpret_cast<float4*>(out)[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
       }
-      continue;
+      return;
     }
     float u2 = 0.0f;
     if (writer) {
@@ -213,6 +206,22 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
         m.data[si * m.stride[0] + h * m.stride[1] + b * m.stride[2]] = sim;
       }
     }
+  }
+}
+
+// The plain pass: a 1-D grid-stride loop over the items of one or two segments.
+template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch>
+__global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
+  const std::int64_t total = a.seg[0].count + a.seg[1].count;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
+  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < total; w += stride) {
+    const bool first = w < a.seg[0].count;
+    const Segment* sgp = first ? &a.seg[0] : &a.seg[1];  // __grid_constant__: no copy
+    const Segment& sg = *sgp;
+    std::int64_t i = first ? w : w - a.seg[0].count;
+    if (sg.reverse) i = sg.count - 1 - i;
+    const std::int64_t h = i % sg.heads, b = (i / sg.heads) % sg.nblk, si = i / (sg.heads * sg.nblk);
+    pool_item<T, LANES, PREFETCH, VEC, BATCH>(a.g, sg, si, h, b);
   }
 }
 
@@ -241,10 +250,144 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
   }
 }
 
+// ---- Fused pass (smooth_k): one launch, K read once from DRAM ----------------------------------
+// Work items are handed out in one global order by a ticket counter (one atomicAdd per item), in
+// slots p = 0 .. U + L - 1 over the units u = (sequence, kv head), U of them:
+//   slot p: the K chunk sums of unit p (p < U), then, for u = p - L >= 0, the Q blocks of the query
+//   heads of unit u and the pooling of unit u's K blocks (last block first).
+// The warp that adds the last chunk sum of a unit (an integer counter per unit) computes the unit's
+// K mean, in the order of k_mean_kernel (same bits), and publishes it with a release flag; a K
+// pooling item waits for its unit's flag. Between the chunk sums of u and its pooling lie the sums
+// of L more units and the Q blocks of u, so K is pooled while it is still in L2.
+// No deadlock: an item only waits for items with smaller tickets, and a ticket is only taken by a
+// running warp, which finishes its current item before it starts the next; so the smallest
+// unfinished ticket never waits. (A wait longer than ~4 s traps instead of hanging.)
+struct FusedArgs {
+  Geometry g;
+  Segment q, sums, kpool;  // Q pooling, K chunk sums, K pooling (shift = k_mean)
+  const float* k_part = nullptr;
+  float* k_mean = nullptr;
+  std::int64_t nchunks = 0, units = 0, lag = 1, group = 1;  // group = hq / hk
+  std::int64_t qitems = 0, total = 0;                        // per unit: nq * group Q items; all items
+  unsigned long long* ticket = nullptr;
+  unsigned* done = nullptr;   // [units] chunk sums finished
+  unsigned* ready = nullptr;  // [units] 1 once the K mean is published
+};
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The K mean of unit u by one warp, in k_mean_kernel's order: "thread" v = grp * D + dim adds the
+// chunks grp, grp + groups, ... of dim in chunk order (up to 8 such chains per lane, interleaved),
+// then dim adds the groups' sums in group order to 0 and divides by k_len.
+__device__ __forceinline__ void warp_k_mean(const FusedArgs& a, std::int64_t u, float* red) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int d_count = static_cast<int>(a.g.d);
+  const int groups = kPoolThreads / d_count;
+  const int nv = groups * d_count;  // <= kPoolThreads
+  constexpr int kChains = kPoolThreads / 32;
+  const float* part = a.k_part + u * a.nchunks * d_count;
+  float acc[kChains];
+  std::int64_t c0[kChains];
+#pragma unroll
+  for (int j = 0; j < kChains; ++j) {
+    acc[j] = 0.0f;
+    const int v = lane + 32 * j;
+    c0[j] = v < nv ? v / d_count : a.nchunks;  // past nv: no chunks
+  }
+  const std::int64_t steps = (a.nchunks + groups - 1) / groups;
+#pragma unroll 2
+  for (std::int64_t k = 0; k < steps; ++k) {
+#pragma unroll
+    for (int j = 0; j < kChains; ++j) {
+      const std::int64_t c = c0[j] + k * groups;
+      if (c < a.nchunks) acc[j] += __ldcg(part + c * d_count + (lane + 32 * j) % d_count);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kChains; ++j) {
+    if (lane + 32 * j < nv) red[lane + 32 * j] = acc[j];
+  }
+  __syncwarp();
+  const Seq seq = sequence(a.g, u / a.g.hk);
+  for (int dim = lane; dim < d_count; dim += 32) {
+    float t = 0.0f;
+    for (int i = 0; i < groups; ++i) t += red[i * d_count + dim];
+    a.k_mean[u * d_count + dim] = seq.k_len > 0 ? t / static_cast<float>(seq.k_len) : 0.0f;
+  }
+  __syncwarp();  // red is reused by this warp's next mean
+}
+
+template <class T, int LANES, bool PREFETCH, int MINB>
+__global__ void __launch_bounds__(kPoolThreads, MINB) fused_kernel(const __grid_constant__ FusedArgs a) {
+  __shared__ float red_all[kWarps][kPoolThreads];
+  float* red = red_all[threadIdx.x / 32];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::int64_t nc = a.nchunks, per_b = a.qitems + a.g.nk, U = a.units, L = a.lag;
+  const std::int64_t r1 = L * nc, r2 = (U - L) * (nc + per_b);
+  unsigned long long t = 0;
+  if (lane == 0) t = atomicAdd(a.ticket, 1ull);
+  t = __shfl_sync(0xffffffffu, t, 0);
+  while (t < static_cast<unsigned long long>(a.total)) {
+    unsigned long long next = 0;
+    if (lane == 0) next = atomicAdd(a.ticket, 1ull);  // its latency hides behind this item
+    const auto tk = static_cast<std::int64_t>(t);
+    // Decode: slot p, position j in the slot (j < nc: a chunk sum of unit p; else B part of p - L).
+    std::int64_t p, j;
+    if (tk < r1) {
+      p = tk / nc, j = tk % nc;
+    } else if (tk < r1 + r2) {
+      p = L + (tk - r1) / (nc + per_b), j = (tk - r1) % (nc + per_b);
+    } else {
+      p = U + (tk - r1 - r2) / per_b, j = nc + (tk - r1 - r2) % per_b;
+    }
+    // The item: a chunk sum of unit p (j < nc), else a Q block or a K block of unit p - L.
+    const bool is_sum = j < nc;
+    const std::int64_t u = is_sum ? p : p - L, jb = j - nc;
+    const std::int64_t si = u / a.g.hk, hkv = u % a.g.hk;
+    const bool is_q = !is_sum && jb < a.qitems;
+    const Segment* sgp = is_sum ? &a.sums : (is_q ? &a.q : &a.kpool);  // __grid_constant__: no copy
+    std::int64_t h = hkv, b = j;
+    if (is_q) {
+      h = hkv * a.group + jb % a.group, b = jb / a.group;
+    } else if (!is_sum) {
+      b = a.g.nk - 1 - (jb - a.qitems);  // last block first: the rows the sums read last
+      if (lane == 0) {
+        unsigned spins = 0;
+        while (load_acquire(a.ready + u) == 0) {
+          __nanosleep(100);
+          if (++spins > (1u << 25)) __trap();  // ~4 s: a broken order fails loudly instead of hanging
+        }
+      }
+      __syncwarp();
+      __threadfence();  // the mean is read after the flag (and through L2: __ldcg)
+    }
+    pool_item<T, LANES, PREFETCH, true, kBatch>(a.g, *sgp, si, h, b);
+    if (is_sum) {
+      __threadfence();  // this lane's chunk sums, before the count
+      __syncwarp();
+      unsigned old = 0;
+      if (lane == 0) old = atomicAdd(a.done + u, 1u);
+      old = __shfl_sync(0xffffffffu, old, 0);
+      if (old + 1 == static_cast<unsigned>(nc)) {  // the unit's last chunk: publish its mean
+        __threadfence();
+        warp_k_mean(a, u, red);
+        __threadfence();  // this lane's mean values, before the flag
+        __syncwarp();
+        if (lane == 0) atomicExch(a.ready + u, 1u);
+      }
+    }
+    t = __shfl_sync(0xffffffffu, next, 0);
+  }
+}
+
 // SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows, for timing
 // comparisons; every variant gives the same bits:
-//   prefetch (default): PREFETCH, 2 CTAs per SM;  base: no prefetch, 2 CTAs per SM (no spills);
-//   base3: no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills);
+//   base3 (default): no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills);
+//   prefetch: PREFETCH, 2 CTAs per SM;  base: no prefetch, 2 CTAs per SM (no spills);
 //   wide: no prefetch, 16 load steps per batch (twice the bytes in flight per warp), 2 CTAs per SM.
 enum class PoolVariant { kPrefetch, kBase, kBase3, kWide };
 PoolVariant pool_variant() {
@@ -252,7 +395,21 @@ PoolVariant pool_variant() {
   if (v != nullptr && std::strcmp(v, "base") == 0) return PoolVariant::kBase;
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
   if (v != nullptr && std::strcmp(v, "wide") == 0) return PoolVariant::kWide;
-  return PoolVariant::kPrefetch;
+  if (v != nullptr && std::strcmp(v, "prefetch") == 0) return PoolVariant::kPrefetch;
+  return PoolVariant::kBase3;  // the fastest on the H200 (2026-11-30)
+}
+
+// SPARGE_BLOCKMAP_FUSE=0 (read per call) runs smooth_k as three launches (K read twice) instead
+// of the fused pass; SPARGE_BLOCKMAP_FUSE_LAG=N sets L (default 2). Same bits either way.
+bool fuse_enabled() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_FUSE");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+std::int64_t fuse_lag() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_FUSE_LAG");
+  if (v == nullptr || *v == '\0') return 2;
+  const long n = std::strtol(v, nullptr, 10);
+  return n < 0 ? 0 : n;
 }
 
 // The 16-bit element type and the lanes per row, as template arguments.
@@ -326,6 +483,63 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
   return sums;
 }
 
+// The fused pass (smooth_k, vector rows of q and k, at least one chunk): one launch.
+cudaError_t launch_fused(const Geometry& g, const Rows& q, const Rows& k, bool bf16, const Scratch& s,
+                         const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st) {
+  FusedArgs a;
+  a.g = g;
+  a.q = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
+  a.sums = k_sums_segment(g, k, s);
+  a.kpool = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
+  a.k_part = s.k_part;
+  a.k_mean = s.k_mean;
+  a.nchunks = s.nchunks;
+  a.units = g.nseq * g.hk;
+  const std::int64_t lag = fuse_lag();
+  a.lag = lag < a.units ? lag : a.units;
+  a.group = g.hq / g.hk;
+  a.qitems = g.nq * a.group;
+  a.total = a.units * (a.nchunks + a.qitems + g.nk);
+  a.ticket = reinterpret_cast<unsigned long long*>(s.sync);
+  a.done = s.sync + 2;
+  a.ready = s.sync + 2 + a.units;
+  cudaError_t e = cudaMemsetAsync(s.sync, 0, static_cast<std::size_t>(2 + 2 * a.units) * sizeof(std::uint32_t), st);
+  if (e != cudaSuccess) return e;
+  int dev = 0, sms = 0;
+  if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
+  const PoolVariant variant = pool_variant();
+  const int per_sm = variant == PoolVariant::kBase3 || variant == PoolVariant::kWide ? 3 : 2;
+  // Resident CTAs take the tickets; more CTAs would only find the counter exhausted.
+  const int grid = std::min(grid_for(a.total), sms * per_sm);
+  const std::int64_t cols = g.d / 8;
+  const auto go = [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    const auto run = [&](auto type) {
+      using T = decltype(type);
+      if (variant == PoolVariant::kPrefetch) {
+        fused_kernel<T, L, true, 2><<<grid, kPoolThreads, 0, st>>>(a);
+      } else if (variant == PoolVariant::kBase) {
+        fused_kernel<T, L, false, 2><<<grid, kPoolThreads, 0, st>>>(a);
+      } else {
+        fused_kernel<T, L, false, 3><<<grid, kPoolThreads, 0, st>>>(a);
+      }
+    };
+    if (bf16) {
+      run(__nv_bfloat16{});
+    } else {
+      run(__half{});
+    }
+    return cudaGetLastError();
+  };
+  if (cols <= 1) return go(std::integral_constant<int, 1>{});
+  if (cols <= 2) return go(std::integral_constant<int, 2>{});
+  if (cols <= 4) return go(std::integral_constant<int, 4>{});
+  if (cols <= 8) return go(std::integral_constant<int, 8>{});
+  if (cols <= 16) return go(std::integral_constant<int, 16>{});
+  return go(std::integral_constant<int, 32>{});
+}
+
 }  // namespace
 
 const char* pool_variant_name() {
@@ -333,7 +547,8 @@ const char* pool_variant_name() {
     case PoolVariant::kBase: return "base";
     case PoolVariant::kBase3: return "base3";
     case PoolVariant::kWide: return "wide";
-    default: return "prefetch";
+    case PoolVariant::kPrefetch: return "prefetch";
+    default: return "base3";
   }
 }
 
@@ -369,6 +584,11 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     p1.seg[1] = pool_segment(g, k, true, nullptr, s, maybe_k_sim);
     const cudaError_t e = launch_pass(bf16, p1, st);
     marks("pool Q+K");
+    return e;
+  }
+  if (s.sync != nullptr && s.nchunks > 0 && g.nseq * g.hk > 0 && q.vec && k.vec && fuse_enabled()) {
+    const cudaError_t e = launch_fused(g, q, k, bf16, s, maybe_q_sim, maybe_k_sim, st);
+    marks("pool Q + K fused");
     return e;
   }
   p1.seg[1] = k_sums_segment(g, k, s);
