@@ -605,9 +605,10 @@ void check_pool_switches(const Problem& p, const GpuResult& first) {
     const char* lag;
     const char* pool;
   };
-  const Setting settings[] = {{"0", nullptr, nullptr},      {nullptr, "0", nullptr},       {nullptr, "1", nullptr},
-                              {nullptr, "1000000", nullptr}, {nullptr, nullptr, "prefetch"}, {nullptr, nullptr, "base"},
-                              {"0", nullptr, "prefetch"},   {nullptr, "3", "wide"}};
+  // The default is the three-launch path (FUSE off); "1" turns the fused pass on.
+  const Setting settings[] = {{"1", nullptr, nullptr},      {"1", "0", nullptr},           {"1", "1", nullptr},
+                              {"1", "1000000", nullptr},    {nullptr, nullptr, "prefetch"}, {nullptr, nullptr, "base"},
+                              {"1", nullptr, "prefetch"},   {"1", "3", "wide"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };

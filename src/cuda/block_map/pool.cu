@@ -399,11 +399,15 @@ PoolVariant pool_variant() {
   return PoolVariant::kBase3;  // the fastest on the H200 (2026-11-30)
 }
 
-// SPARGE_BLOCKMAP_FUSE=0 (read per call) runs smooth_k as three launches (K read twice) instead
-// of the fused pass; SPARGE_BLOCKMAP_FUSE_LAG=N sets L (default 2). Same bits either way.
+// SPARGE_BLOCKMAP_FUSE=1 (read per call) runs smooth_k as the fused single-K-read pass instead of
+// three launches; SPARGE_BLOCKMAP_FUSE_LAG=N sets L (default 2). Same bits either way.
+// OFF by default: on the H200 (2026-11-30 final round) the fused pass took 2.3-2.5 ms at b2 h32
+// s16384 d128 against 0.34-0.40 ms for the three launches (its ticket waits serialise the
+// grid), and one block-map case failed once under it (not reproduced in the other run of the
+// same suite) — see docs/block_map_gpu.md.
 bool fuse_enabled() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_FUSE");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+  return v != nullptr && std::strcmp(v, "1") == 0;
 }
 std::int64_t fuse_lag() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_FUSE_LAG");
