@@ -178,6 +178,23 @@ else:
         extra_compile_args={"cxx": cxx_flags},
     )
 
+class _BuildExt(cpp_extension.BuildExtension):
+    """torch's BuildExtension without -Wl,-Bsymbolic-functions on the link line.
+
+    Debian/Ubuntu Pythons put it into LDSHARED. It binds every call inside the extension to a
+    definition inside it: with a compiler that links pieces of libstdc++ into the .so (the H200
+    image's /opt/gcc wrapper), `std::ostream <<` then ran a private copy whose locale the process
+    never initialised, and the first error message with a number crashed (SIGSEGV, 2026-11-30).
+    Without it, libstdc++'s symbols resolve to the process's one libstdc++ as usual."""
+
+    def build_extensions(self):
+        for attr in ("linker_so", "linker_so_cxx"):
+            cmd = getattr(self.compiler, attr, None)
+            if isinstance(cmd, list):
+                setattr(self.compiler, attr, [a for a in cmd if a != "-Wl,-Bsymbolic-functions"])
+        super().build_extensions()
+
+
 print(f"sparge: building the {'CUDA' if WITH_CUDA else 'CPU-only'} extension "
       f"({'with NCCL ' + NCCL[1] if NCCL else 'without NCCL'}) from {len(ext.sources)} sources", file=sys.stderr)
 
@@ -188,7 +205,7 @@ setup(
     packages=["sparge"],
     package_dir={"sparge": "sparge"},
     ext_modules=[ext],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": _BuildExt.with_options(use_ninja=True)},
     python_requires=">=3.10",
     zip_safe=False,
 )

@@ -14,8 +14,37 @@
 #include <vector>
 
 #include "sparge/ops.h"
+#include "validate/validate.h"  // detail::cat / detail::append: message text without iostreams
 
 namespace sparge::py {
+
+// Every message of this extension is built here, never by c10::str's `ostream <<` inside this
+// .so: on the H200 image the extension, linked by a g++ wrapper with -Wl,-Bsymbolic-functions,
+// bound `ostream << long` to a private libstdc++ copy whose locale was never set up, and the
+// first message with a number in it crashed the process (SIGSEGV, 2026-11-30). TORCH_CHECK_* with
+// one std::string argument hands the string through without formatting.
+inline std::string text(const c10::Device& d) { return d.str(); }
+inline const char* text(at::ScalarType t) { return c10::toString(t); }
+inline std::string text(c10::IntArrayRef a) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (i > 0) s += ", ";
+    detail::append(s, a[i]);
+  }
+  return s + "]";
+}
+template <class T>
+const T& text(const T& v) {
+  return v;
+}
+template <class... Args>
+std::string msg(const Args&... args) {
+  return detail::cat(text(args)...);
+}
+
+#define SPARGE_PY_CHECK(cond, ...) TORCH_CHECK(cond, ::sparge::py::msg(__VA_ARGS__))
+#define SPARGE_PY_CHECK_VALUE(cond, ...) TORCH_CHECK_VALUE(cond, ::sparge::py::msg(__VA_ARGS__))
+#define SPARGE_PY_CHECK_NOT_IMPLEMENTED(cond, ...) TORCH_CHECK_NOT_IMPLEMENTED(cond, ::sparge::py::msg(__VA_ARGS__))
 
 // Throws the Python exception that matches the status code, with the library's message.
 inline void throw_if_error(const Status& st) {
@@ -23,11 +52,11 @@ inline void throw_if_error(const Status& st) {
   switch (st.code()) {
     case StatusCode::invalid_argument:
     case StatusCode::overflow:
-      TORCH_CHECK_VALUE(false, st.message());
+      SPARGE_PY_CHECK_VALUE(false, st.message());
     case StatusCode::unsupported:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, st.message());
+      SPARGE_PY_CHECK_NOT_IMPLEMENTED(false, st.message());
     default:
-      TORCH_CHECK(false, st.message());
+      SPARGE_PY_CHECK(false, st.message());
   }
 }
 
@@ -45,12 +74,12 @@ inline std::optional<DType> to_dtype(at::ScalarType t) {
 
 // A strided view of t (same storage, element strides). `op` and `name` go into error messages.
 inline Tensor view(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK_VALUE(t.dim() >= 1 && t.dim() <= 4, op, ": ", name, " has ", t.dim(),
+  SPARGE_PY_CHECK_VALUE(t.dim() >= 1 && t.dim() <= 4, op, ": ", name, " has ", t.dim(),
                     " dimensions (sparge views hold 1 to 4)");
   const auto dt = to_dtype(t.scalar_type());
-  TORCH_CHECK_VALUE(dt.has_value(), op, ": ", name, ".dtype = ", t.scalar_type(),
+  SPARGE_PY_CHECK_VALUE(dt.has_value(), op, ": ", name, ".dtype = ", t.scalar_type(),
                     " is not supported by sparge (float16, bfloat16, float32 or int32)");
-  TORCH_CHECK_VALUE(t.numel() > 0, op, ": ", name, " is empty (shape ", t.sizes(), ")");
+  SPARGE_PY_CHECK_VALUE(t.numel() > 0, op, ": ", name, " is empty (shape ", t.sizes(), ")");
   Tensor v;
   v.data = t.data_ptr();
   v.dtype = *dt;
@@ -65,14 +94,14 @@ inline Tensor view(const at::Tensor& t, const char* op, const char* name) {
 // Tensor layout strings of the Python API. HND = [B, H, S, D], NHD = [B, S, H, D]; the library's
 // logical order is NHD, so an HND tensor is passed as its transpose(1, 2) view.
 inline bool is_hnd(std::string_view layout, const char* op) {
-  TORCH_CHECK_VALUE(layout == "HND" || layout == "NHD", op, ": tensor_layout = '", std::string(layout),
+  SPARGE_PY_CHECK_VALUE(layout == "HND" || layout == "NHD", op, ": tensor_layout = '", std::string(layout),
                     "' (expected 'HND' = [B, H, S, D] or 'NHD' = [B, S, H, D])");
   return layout == "HND";
 }
 
 // The logical [B, S, H, D] view of a 4-D attention tensor given in `layout`.
 inline at::Tensor logical(const at::Tensor& t, bool hnd, const char* op, const char* name) {
-  TORCH_CHECK_VALUE(t.dim() == 4, op, ": ", name, " has ", t.dim(), " dimensions (expected 4: ",
+  SPARGE_PY_CHECK_VALUE(t.dim() == 4, op, ": ", name, " has ", t.dim(), " dimensions (expected 4: ",
                     hnd ? "[B, H, S, D]" : "[B, S, H, D]", ")");
   return hnd ? t.transpose(1, 2) : t;
 }
@@ -82,10 +111,10 @@ inline c10::Device common_device(const char* op, std::initializer_list<std::pair
   const auto& first = *ts.begin();
   const c10::Device dev = first.second->device();
   for (const auto& [name, t] : ts) {
-    TORCH_CHECK_VALUE(t->device() == dev, op, ": ", name, " is on ", t->device(), " but ", first.first,
+    SPARGE_PY_CHECK_VALUE(t->device() == dev, op, ": ", name, " is on ", t->device(), " but ", first.first,
                       " is on ", dev, " (all tensors must be on one device)");
   }
-  TORCH_CHECK_VALUE(dev.is_cpu() || dev.is_cuda(), op, ": tensors on ", dev,
+  SPARGE_PY_CHECK_VALUE(dev.is_cpu() || dev.is_cuda(), op, ": tensors on ", dev,
                     " are not supported (expected cpu or cuda)");
   return dev;
 }

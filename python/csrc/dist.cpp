@@ -47,13 +47,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dist_sparse_attn(
   const at::Tensor k = logical(k_user, hnd, op, "k");
   const at::Tensor v = logical(v_user, hnd, op, "v");
   const c10::Device dev = common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}});
-  TORCH_CHECK_VALUE(dev.is_cuda(), op, ": the tensors are on ", dev,
+  SPARGE_PY_CHECK_VALUE(dev.is_cuda(), op, ": the tensors are on ", dev,
                     " (context parallelism runs on CUDA tensors only, one GPU per rank)");
 #ifndef SPARGE_WITH_CUDA
-  TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": this build of the sparge extension has no CUDA backend");
+  SPARGE_PY_CHECK_NOT_IMPLEMENTED(false, op, ": this build of the sparge extension has no CUDA backend");
   return {};
 #else
-  TORCH_CHECK_VALUE(rank >= 0 && world >= 1 && rank < world, op, ": rank = ", rank, ", world = ", world,
+  SPARGE_PY_CHECK_VALUE(rank >= 0 && world >= 1 && rank < world, op, ": rank = ", rank, ", world = ", world,
                     " (expected 0 <= rank < world)");
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t compute = at::cuda::getCurrentCUDAStream(dev.index()).stream();
@@ -111,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dist_sparse_attn(
 [[noreturn]] void nccl_fail(const char* what, ncclResult_t r, ncclComm_t comm) {
   std::string detail = ncclGetErrorString(r);
   if (comm != nullptr) detail += std::string(" (") + ncclGetLastError(comm) + ")";
-  TORCH_CHECK(false, "sparge.dist: ", what, " failed: ", detail);
+  SPARGE_PY_CHECK(false, "sparge.dist: ", what, " failed: ", detail);
 }
 
 // Waits (bounded) until a non-blocking communicator's pending host-side work is done.
@@ -149,7 +149,7 @@ pybind11::bytes nccl_unique_id() {
   if (r != ncclSuccess) nccl_fail("ncclGetUniqueId", r, nullptr);
   return pybind11::bytes(id.internal, NCCL_UNIQUE_ID_BYTES);
 #else
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "sparge.dist: this build of the extension has no NCCL");
+  SPARGE_PY_CHECK_NOT_IMPLEMENTED(false, "sparge.dist: this build of the extension has no NCCL");
   return {};
 #endif
 }
@@ -159,9 +159,9 @@ pybind11::bytes nccl_unique_id() {
 std::int64_t nccl_comm_init(const std::string& id, std::int64_t world, std::int64_t rank, std::int64_t device,
                             double timeout_s) {
 #ifdef SPARGE_WITH_NCCL
-  TORCH_CHECK_VALUE(id.size() == NCCL_UNIQUE_ID_BYTES, "sparge.dist: the unique id has ", id.size(),
+  SPARGE_PY_CHECK_VALUE(id.size() == NCCL_UNIQUE_ID_BYTES, "sparge.dist: the unique id has ", id.size(),
                     " bytes (expected ", NCCL_UNIQUE_ID_BYTES, ")");
-  TORCH_CHECK_VALUE(world >= 1 && rank >= 0 && rank < world, "sparge.dist: rank = ", rank, ", world = ", world);
+  SPARGE_PY_CHECK_VALUE(world >= 1 && rank >= 0 && rank < world, "sparge.dist: rank = ", rank, ", world = ", world);
   ncclUniqueId uid;
   std::copy(id.begin(), id.end(), uid.internal);
   ncclComm_t comm = nullptr;
@@ -176,18 +176,18 @@ std::int64_t nccl_comm_init(const std::string& id, std::int64_t world, std::int6
   }
   if (r == ncclInProgress) {
     ncclCommAbort(comm);
-    TORCH_CHECK(false, "sparge.dist: creating the communicator (rank ", rank, " of ", world, ") timed out after ",
+    SPARGE_PY_CHECK(false, "sparge.dist: creating the communicator (rank ", rank, " of ", world, ") timed out after ",
                 timeout_s, " s: not every rank of the group called sparge.dist");
   }
   if (r != ncclSuccess) {
     const std::string last = comm != nullptr ? ncclGetLastError(comm) : "";
     if (comm != nullptr) ncclCommAbort(comm);
-    TORCH_CHECK(false, "sparge.dist: ncclCommInitRankConfig failed: ", ncclGetErrorString(r), " (", last, ")");
+    SPARGE_PY_CHECK(false, "sparge.dist: ncclCommInitRankConfig failed: ", ncclGetErrorString(r), " (", last, ")");
   }
   return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(comm));
 #else
   (void)id, (void)world, (void)rank, (void)device, (void)timeout_s;
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "sparge.dist: this build of the extension has no NCCL");
+  SPARGE_PY_CHECK_NOT_IMPLEMENTED(false, "sparge.dist: this build of the extension has no NCCL");
   return 0;
 #endif
 }
@@ -212,8 +212,8 @@ void nccl_comm_release(std::int64_t handle, std::int64_t device, bool abort, dou
 
 // ((global_begin, len, local_begin) of piece 0, the same of piece 1), the shard length.
 pybind11::tuple shard_of(std::int64_t seq_len, std::int64_t world, std::int64_t rank) {
-  TORCH_CHECK_VALUE(seq_len >= 1, "sparge.dist.shard_of: seq_len = ", seq_len, " (expected >= 1)");
-  TORCH_CHECK_VALUE(world >= 1 && rank >= 0 && rank < world, "sparge.dist.shard_of: rank = ", rank,
+  SPARGE_PY_CHECK_VALUE(seq_len >= 1, "sparge.dist.shard_of: seq_len = ", seq_len, " (expected >= 1)");
+  SPARGE_PY_CHECK_VALUE(world >= 1 && rank >= 0 && rank < world, "sparge.dist.shard_of: rank = ", rank,
                     ", world = ", world, " (expected 0 <= rank < world)");
   const dist::Shard s = dist::shard_of(seq_len, static_cast<int>(world), static_cast<int>(rank));
   auto piece = [](const dist::Piece& p) { return pybind11::make_tuple(p.global_begin, p.len, p.local_begin); };

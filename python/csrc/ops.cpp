@@ -35,7 +35,7 @@ class DeviceContext {
     exec_.backend = Backend::cuda;
     exec_.stream = at::cuda::getCurrentCUDAStream(dev.index()).stream();
 #else
-    TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": the tensors are on ", dev,
+    SPARGE_PY_CHECK_NOT_IMPLEMENTED(false, op, ": the tensors are on ", dev,
                                 ", but this build of the sparge extension has no CUDA backend "
                                 "(rebuild on a machine with nvcc and a CUDA torch, SPARGE_CUDA=on)");
 #endif
@@ -165,8 +165,8 @@ std::tuple<at::Tensor, at::Tensor> dense_attn(const at::Tensor& q_user, const at
 
 std::tuple<at::Tensor, at::Tensor> topk_select(const at::Tensor& scores, std::int64_t k) {
   constexpr const char* op = "sparge.topk_select";
-  TORCH_CHECK_VALUE(scores.dim() == 2, op, ": scores has ", scores.dim(), " dimensions (expected 2: [R, N])");
-  TORCH_CHECK_VALUE(k >= 1 && k <= scores.size(1), op, ": k = ", k, " is out of range (expected 1..N = ",
+  SPARGE_PY_CHECK_VALUE(scores.dim() == 2, op, ": scores has ", scores.dim(), " dimensions (expected 2: [R, N])");
+  SPARGE_PY_CHECK_VALUE(k >= 1 && k <= scores.size(1), op, ": k = ", k, " is out of range (expected 1..N = ",
                     scores.size(1), ")");
   const DeviceContext ctx(common_device(op, {{"scores", &scores}}), op);
   at::Tensor indices = at::empty({scores.size(0), k}, i32(scores));
@@ -183,8 +183,8 @@ std::tuple<at::Tensor, at::Tensor> topk_select(const at::Tensor& scores, std::in
 
 std::tuple<at::Tensor, at::Tensor> compact_mask(const at::Tensor& mask, std::int64_t n_max) {
   constexpr const char* op = "sparge.compact_mask";
-  TORCH_CHECK_VALUE(mask.dim() == 2, op, ": mask has ", mask.dim(), " dimensions (expected 2: [R, N])");
-  TORCH_CHECK_VALUE(n_max >= 1, op, ": n_max = ", n_max, " (expected >= 1)");
+  SPARGE_PY_CHECK_VALUE(mask.dim() == 2, op, ": mask has ", mask.dim(), " dimensions (expected 2: [R, N])");
+  SPARGE_PY_CHECK_VALUE(n_max >= 1, op, ": n_max = ", n_max, " (expected >= 1)");
   const DeviceContext ctx(common_device(op, {{"mask", &mask}}), op);
   at::Tensor indices = at::empty({mask.size(0), n_max}, i32(mask));
   at::Tensor counts = at::empty({mask.size(0)}, i32(mask));

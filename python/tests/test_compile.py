@@ -53,8 +53,8 @@ def test_compile_block_sparse_attn_and_merge(device):
     lut_b, cnt_b = (t.to(device) for t in utils.lut_from_block_mask(~bm))
 
     def f(q, k, v):
-        oa, la = sparge.block_sparse_attn(q, k, v, lut_a, cnt_a, return_lse=True)
-        ob, lb = sparge.block_sparse_attn(q, k, v, lut_b, cnt_b, return_lse=True)
+        oa, la = sparge.block_sparse_attn(q, k, v, lut_a, cnt_a, blkq=64, blkk=64, return_lse=True)
+        ob, lb = sparge.block_sparse_attn(q, k, v, lut_b, cnt_b, blkq=64, blkk=64, return_lse=True)
         return sparge.merge_attn(oa, la, ob, lb)
 
     o, lse = torch.compile(f, fullgraph=True, backend=_backend(device))(q, k, v)
@@ -90,8 +90,10 @@ def _opcheck_cases(device):
     ops = torch.ops.sparge
     return [
         (ops.block_map, (q, k, [0.5], None, [-0.1], 64, 64, True, False, True, 0.0, "NHD")),
-        (ops.block_sparse_attn, (q, k, v, lut, counts, 64, 64, False, 0.0, [50.0], "NHD", True)),
-        (ops.block_sparse_attn, (q, k, v, lut, counts, 64, 64, False, 0.0, None, "NHD", False)),
+        (ops.block_sparse_attn, (q, k, v, lut, counts, sparge.DEFAULT_BLKQ, sparge.DEFAULT_BLKK, False, 0.0, [50.0],
+                                 "NHD", True)),
+        (ops.block_sparse_attn, (q, k, v, lut, counts, sparge.DEFAULT_BLKQ, sparge.DEFAULT_BLKK, False, 0.0, None,
+                                 "NHD", False)),
         (ops.dense_attn, (q, k, v, True, 0.0, "NHD", True)),
         (ops.topk_select, (scores, 10)),
         (ops.compact_mask, (torch.where(scores > 0, 0.0, float("-inf")), 100)),
