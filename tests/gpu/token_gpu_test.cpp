@@ -187,7 +187,7 @@ SPARGE_CASES(TopkGpu) {
                        s[static_cast<size_t>(3 * n + 0)] = NAN;          // row 3, sampled column 0
                        s[static_cast<size_t>(2 * n + n - 1)] = -NAN;     // row 2, last column
                        s[static_cast<size_t>(2 * n + 30001)] = NAN;      // row 2: the lowest
-                       for (const char* v : {"0", "1", "2", "3", "4", "5"}) {
+                       for (const char* v : {"0", "1", "4", "5"}) {
                          ::setenv("SPARGE_TOPK_VARIANT", v, 1);
                          const auto gpu = run_topk(Backend::cuda, s, r, n, 2048, t);
                          ::unsetenv("SPARGE_TOPK_VARIANT");
@@ -829,7 +829,7 @@ const char* fill_name(Fill f) {
 // Runs the CPU backend once and the GPU under each variant (the environment is restored).
 void expect_all_variants(const std::vector<float>& s, std::int64_t r, std::int64_t n, int k, DType t, std::int64_t cs = 1) {
   const auto cpu = run_topk(Backend::cpu, s, r, n, k, t, cs);
-  for (const char* v : {"0", "1", "2", "3", "4", "5"}) {
+  for (const char* v : {"0", "1", "4", "5"}) {
     ::setenv("SPARGE_TOPK_VARIANT", v, 1);
     const auto gpu = run_topk(Backend::cuda, s, r, n, k, t, cs);
     ::unsetenv("SPARGE_TOPK_VARIANT");

@@ -7,13 +7,13 @@
 //   SPARGE_TOPK_VARIANT=0  two-pass kernel, next chunk's loads issued before the current one is
 //                          processed, histogram pass filtered by a sample of the row (default);
 //                          =1 the same without that prefetch (64 B of f32 per thread per chunk);
-//                          =2 the previous four-read kernel (legacy.cuh), for comparison;
-//                          =3 the default of commit 1aa32d2 unchanged (two_pass_1aa32d2.cuh: an
-//                             atomic per key in the histogram pass), the fallback if 0 regresses;
-//                          =4 variant 0 without the sample filter (every key counted), to measure
-//                             the filter alone;
+//                          =4 variant 0 without the sample filter (every key counted): on the
+//                             H200 (2026-11-30) it measured 0.313 / 0.261 ms (f32 / f16) against
+//                             0.320 / 0.281 for the default, a candidate default for the next round;
 //                          =5 variant 0 plus an L2 prefetch 4 chunks beyond the register prefetch
 //                             (more bytes in flight; strided rows as variant 0).
+//   (The earlier four-read kernel and the first two-pass kernel, once variants 2 and 3, measured
+//   slower in the same round, 0.381 / 0.370 ms for the latter, and were deleted.)
 //   SPARGE_TOPK_NO_SYNC=1  measurement only: return without reading the NaN flag back, so without
 //                          synchronising the stream; a NaN score is then NOT reported. It exists to
 //                          measure what the synchronisation costs; see docs/token_sparse.md.
@@ -26,9 +26,7 @@
 
 #include "cpu/token_order.h"
 #include "cuda/cuda_backend.h"
-#include "cuda/topk/legacy.cuh"
 #include "cuda/topk/two_pass.cuh"
-#include "cuda/topk/two_pass_1aa32d2.cuh"
 #include "validate/validate.h"
 
 namespace sparge::cuda {
@@ -60,20 +58,13 @@ struct TopkPlan {
 //   prefetch (variant 1; f16 stays at 32 B); 63-64 registers (4 CTAs per SM), variant 0 without
 //   spills on sm_90a for f32, 12 B for f16. The strided path loads one score at a time, 16 per
 //   thread, no prefetch. Variants 0, 1, 4, 5 and the strided path filter the histogram pass with
-//   a sample of the row (two_pass.cuh); variant 3 is commit 1aa32d2's kernel, untouched.
-//   legacy (variant 2): 512 threads for long rows, 128 for short ones.
+//   a sample of the row (two_pass.cuh).
 template <class T, int kVec>
-void pick_kernel(TopkPlan& plan, std::int64_t n, int variant) {
+void pick_kernel(TopkPlan& plan, int variant) {
   constexpr int kBytes16 = kVec * static_cast<int>(sizeof(T)) / 16;  // 16-byte loads per kVec (1 or 0)
-  if (variant == 2) {
-    plan.kernel = n >= 8192 ? topk::legacy_kernel<T, 512, kVec> : topk::legacy_kernel<T, 128, kVec>;
-    plan.threads = n >= 8192 ? 512 : 128;
-    return;
-  }
   plan.threads = topk::kThreads;
   if constexpr (kBytes16 == 0) {
     switch (variant) {
-      case 3: plan.kernel = topk::v1::two_pass_kernel<T, kVec, 16, false>; break;
       case 4: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, false>; break;
       default: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, true>; break;
     }
@@ -82,7 +73,6 @@ void pick_kernel(TopkPlan& plan, std::int64_t n, int variant) {
     constexpr int kLoadsNoPrefetch = sizeof(T) == 2 ? 2 : 4;
     switch (variant) {
       case 1: plan.kernel = topk::two_pass_kernel<T, kVec, kLoadsNoPrefetch, false, true>; break;
-      case 3: plan.kernel = topk::v1::two_pass_kernel<T, kVec, 2, true>; break;
       case 4: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, false>; break;
       case 5: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, true, 4>; break;
       default: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, true>; break;
@@ -91,7 +81,7 @@ void pick_kernel(TopkPlan& plan, std::int64_t n, int variant) {
 }
 
 int variant_from_env() {
-  for (const char* v : {"1", "2", "3", "4", "5"}) {
+  for (const char* v : {"1", "4", "5"}) {
     if (env_is("SPARGE_TOPK_VARIANT", v)) return *v - '0';
   }
   return 0;
@@ -115,12 +105,11 @@ TopkPlan select_topk(const TopkSelectParams& p) {
   const std::int64_t per16 = 16 / esize;
   const bool vec = s.stride[1] == 1 && (reinterpret_cast<std::uintptr_t>(s.data) % 16 == 0) &&
                    (s.stride[0] % per16 == 0);
-  const std::int64_t n = s.shape[1];
   const int variant = variant_from_env();
   if (s.dtype == DType::f32) {
-    vec ? pick_kernel<float, 4>(plan, n, variant) : pick_kernel<float, 1>(plan, n, variant);
+    vec ? pick_kernel<float, 4>(plan, variant) : pick_kernel<float, 1>(plan, variant);
   } else {
-    vec ? pick_kernel<__half, 8>(plan, n, variant) : pick_kernel<__half, 1>(plan, n, variant);
+    vec ? pick_kernel<__half, 8>(plan, variant) : pick_kernel<__half, 1>(plan, variant);
   }
   return plan;
 }
