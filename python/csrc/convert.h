@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "sparge/ops.h"
@@ -118,6 +119,39 @@ inline c10::Device common_device(const char* op, std::initializer_list<std::pair
                     " are not supported (expected cpu or cuda)");
   return dev;
 }
+
+// The q / k / v of an attention binding as the library's logical [B, S, H, D] views, and the
+// outputs every attention binding allocates and hands to its params struct.
+struct AttentionArgs {
+  AttentionArgs(const char* op_name, std::string_view layout, const at::Tensor& q_user_, const at::Tensor& k_user,
+                const at::Tensor& v_user)
+      : op(op_name),
+        hnd(is_hnd(layout, op_name)),
+        q_user(q_user_),
+        q(logical(q_user_, hnd, op_name, "q")),
+        k(logical(k_user, hnd, op_name, "k")),
+        v(logical(v_user, hnd, op_name, "v")) {}
+
+  // Allocates o (q's shape, layout and dtype) and lse ([B, H, S] f32, an empty [0] tensor unless
+  // asked for), sets p's q / k / v / o / maybe_lse views, and returns (o, lse).
+  template <class Params>
+  std::tuple<at::Tensor, at::Tensor> outputs(Params& p, bool return_lse) const {
+    at::Tensor o = at::empty(q_user.sizes(), q_user.options());
+    at::Tensor lse = return_lse ? at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat))
+                                : at::empty({0}, q.options().dtype(at::kFloat));
+    p.q = view(q, op, "q");
+    p.k = view(k, op, "k");
+    p.v = view(v, op, "v");
+    p.o = view(logical(o, hnd, op, "o"), op, "o");
+    if (return_lse) p.maybe_lse = view(lse, op, "lse");
+    return {o, lse};
+  }
+
+  const char* op;
+  bool hnd;
+  at::Tensor q_user;  // as the caller passed it (o takes its layout)
+  at::Tensor q, k, v;
+};
 
 // A per-head parameter (`float[]?` in the schema) as floats that outlive the call.
 struct PerHeadValues {

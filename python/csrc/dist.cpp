@@ -42,11 +42,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dist_sparse_attn(
     std::int64_t blkq, std::int64_t blkk, bool is_causal, bool attention_sink, bool smooth_k, double scale,
     c10::string_view tensor_layout, bool return_lse, bool return_map, double timeout) {
   const char* op = kDistOp;
-  const bool hnd = is_hnd(tensor_layout, op);
-  const at::Tensor q = logical(q_user, hnd, op, "q");
-  const at::Tensor k = logical(k_user, hnd, op, "k");
-  const at::Tensor v = logical(v_user, hnd, op, "v");
-  const c10::Device dev = common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}});
+  const AttentionArgs a(op, tensor_layout, q_user, k_user, v_user);
+  const c10::Device dev = common_device(op, {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}});
   SPARGE_PY_CHECK_VALUE(dev.is_cuda(), op, ": the tensors are on ", dev,
                     " (context parallelism runs on CUDA tensors only, one GPU per rank)");
 #ifndef SPARGE_WITH_CUDA
@@ -63,10 +60,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dist_sparse_attn(
     transfer = c10::cuda::getStreamFromPool(false, dev.index()).stream();
   }
 
+  const at::Tensor& q = a.q;
   const std::int64_t b = q.size(0), l = q.size(1), hq = q.size(2);
-  at::Tensor o_user = at::empty(q_user.sizes(), q_user.options());
-  at::Tensor lse = return_lse ? at::empty({b, hq, l}, q.options().dtype(at::kFloat))
-                              : at::empty({0}, q.options().dtype(at::kFloat));
   at::Tensor lut = return_map ? at::empty({b, hq, ceil_blocks(l, blkq), ceil_blocks(seq_len, blkk)},
                                           q.options().dtype(at::kInt))
                               : at::empty({0}, q.options().dtype(at::kInt));
@@ -79,11 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dist_sparse_attn(
   p.comm.rank = static_cast<int>(rank);
   p.comm.size = static_cast<int>(world);
   p.comm.stream = transfer;
-  p.q = view(q, op, "q");
-  p.k = view(k, op, "k");
-  p.v = view(v, op, "v");
-  p.o = view(logical(o_user, hnd, op, "o"), op, "o");
-  if (return_lse) p.maybe_lse = view(lse, op, "lse");
+  const auto [o_user, lse] = a.outputs(p, return_lse);
   if (return_map) {
     p.maybe_lut = view(lut, op, "lut");
     p.maybe_counts = view(counts, op, "counts");

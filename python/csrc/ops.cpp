@@ -60,11 +60,6 @@ at::Tensor alloc_like_layout(const at::Tensor& user, at::ScalarType dtype) {
 // NQ / NK with a guard for a nonsense block size (the library rejects it with its own message).
 std::int64_t blocks(std::int64_t len, std::int64_t blk) { return blk > 0 ? (len + blk - 1) / blk : 1; }
 
-at::Tensor maybe_lse(const at::Tensor& q_logical, bool want) {
-  if (!want) return at::empty({0}, f32(q_logical));
-  return at::empty({q_logical.size(0), q_logical.size(2), q_logical.size(1)}, f32(q_logical));
-}
-
 // ------------------------------------------------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor> block_map(const at::Tensor& q_user, const at::Tensor& k_user,
@@ -110,22 +105,13 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attn(const at::Tensor& q_user, c
                                                      std::optional<c10::ArrayRef<double>> pv_threshold,
                                                      c10::string_view tensor_layout, bool return_lse) {
   constexpr const char* op = "sparge.block_sparse_attn";
-  const bool hnd = is_hnd(tensor_layout, op);
-  const at::Tensor q = logical(q_user, hnd, op, "q");
-  const at::Tensor k = logical(k_user, hnd, op, "k");
-  const at::Tensor v = logical(v_user, hnd, op, "v");
+  const AttentionArgs a(op, tensor_layout, q_user, k_user, v_user);
   const DeviceContext ctx(
-      common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"lut", &lut}, {"counts", &counts}}), op);
+      common_device(op, {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"lut", &lut}, {"counts", &counts}}), op);
 
-  at::Tensor o_user = alloc_like_layout(q_user, q_user.scalar_type());
-  at::Tensor lse = maybe_lse(q, return_lse);
   const PerHeadValues pv = per_head(pv_threshold);
   BlockSparseAttentionParams p;
-  p.q = view(q, op, "q");
-  p.k = view(k, op, "k");
-  p.v = view(v, op, "v");
-  p.o = view(logical(o_user, hnd, op, "o"), op, "o");
-  if (return_lse) p.maybe_lse = view(lse, op, "lse");
+  auto out = a.outputs(p, return_lse);
   p.lut = view(lut, op, "lut");
   p.counts = view(counts, op, "counts");
   p.blkq = static_cast<int>(blkq);
@@ -135,32 +121,23 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attn(const at::Tensor& q_user, c
   p.pv_threshold = pv.span();
   p.exec = ctx.exec();
   throw_if_error(block_sparse_attention(p));
-  return {o_user, lse};
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> dense_attn(const at::Tensor& q_user, const at::Tensor& k_user,
                                               const at::Tensor& v_user, bool is_causal, double scale,
                                               c10::string_view tensor_layout, bool return_lse) {
   constexpr const char* op = "sparge.dense_attn";
-  const bool hnd = is_hnd(tensor_layout, op);
-  const at::Tensor q = logical(q_user, hnd, op, "q");
-  const at::Tensor k = logical(k_user, hnd, op, "k");
-  const at::Tensor v = logical(v_user, hnd, op, "v");
-  const DeviceContext ctx(common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}}), op);
+  const AttentionArgs a(op, tensor_layout, q_user, k_user, v_user);
+  const DeviceContext ctx(common_device(op, {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}}), op);
 
-  at::Tensor o_user = alloc_like_layout(q_user, q_user.scalar_type());
-  at::Tensor lse = maybe_lse(q, return_lse);
   DenseAttentionParams p;
-  p.q = view(q, op, "q");
-  p.k = view(k, op, "k");
-  p.v = view(v, op, "v");
-  p.o = view(logical(o_user, hnd, op, "o"), op, "o");
-  if (return_lse) p.maybe_lse = view(lse, op, "lse");
+  auto out = a.outputs(p, return_lse);
   p.scale = static_cast<float>(scale);
   p.is_causal = is_causal;
   p.exec = ctx.exec();
   throw_if_error(dense_attention(p));
-  return {o_user, lse};
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> topk_select(const at::Tensor& scores, std::int64_t k) {
@@ -204,21 +181,12 @@ std::tuple<at::Tensor, at::Tensor> gather_attn(const at::Tensor& q_user, const a
                                                bool group_union, std::int64_t union_rows,
                                                c10::string_view tensor_layout, bool return_lse) {
   constexpr const char* op = "sparge.gather_attn";
-  const bool hnd = is_hnd(tensor_layout, op);
-  const at::Tensor q = logical(q_user, hnd, op, "q");
-  const at::Tensor k = logical(k_user, hnd, op, "k");
-  const at::Tensor v = logical(v_user, hnd, op, "v");
+  const AttentionArgs a(op, tensor_layout, q_user, k_user, v_user);
   const DeviceContext ctx(
-      common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"indices", &indices}, {"counts", &counts}}), op);
+      common_device(op, {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"indices", &indices}, {"counts", &counts}}), op);
 
-  at::Tensor o_user = alloc_like_layout(q_user, q_user.scalar_type());
-  at::Tensor lse = maybe_lse(q, return_lse);
   GatherAttentionParams p;
-  p.q = view(q, op, "q");
-  p.k = view(k, op, "k");
-  p.v = view(v, op, "v");
-  p.o = view(logical(o_user, hnd, op, "o"), op, "o");
-  if (return_lse) p.maybe_lse = view(lse, op, "lse");
+  auto out = a.outputs(p, return_lse);
   p.indices = view(indices, op, "indices");
   p.counts = view(counts, op, "counts");
   p.scale = static_cast<float>(scale);
@@ -227,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor> gather_attn(const at::Tensor& q_user, const a
   p.union_rows = static_cast<int>(union_rows);
   p.exec = ctx.exec();
   throw_if_error(gather_attention(p));
-  return {o_user, lse};
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> merge_attn(const at::Tensor& o_a_user, const at::Tensor& lse_a,
