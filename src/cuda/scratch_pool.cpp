@@ -34,4 +34,11 @@ cudaError_t scratch_pool(cudaMemPool_t& out) {
   return cudaSuccess;
 }
 
+cudaError_t scratch_alloc(void** ptr, std::size_t bytes, cudaStream_t stream) {
+  cudaMemPool_t pool = nullptr;
+  const cudaError_t e = scratch_pool(pool);
+  if (e != cudaSuccess) return e;
+  return cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+}
+
 }  // namespace sparge::cuda

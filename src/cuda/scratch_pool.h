@@ -10,9 +10,15 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 namespace sparge::cuda {
 
 // The pool of the current device (created on first use; thread safe).
 cudaError_t scratch_pool(cudaMemPool_t& out);
+
+// `bytes` of stream-ordered scratch from that pool (free it with cudaFreeAsync on the stream).
+// Every per-call allocation of the CUDA backend comes from here.
+cudaError_t scratch_alloc(void** ptr, std::size_t bytes, cudaStream_t stream);
 
 }  // namespace sparge::cuda

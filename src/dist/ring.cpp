@@ -385,9 +385,7 @@ Status run_impl(const SparseAttentionParams& p, Guard& g, Resources& res, Profil
 
   // From the retained pool: the default pool would unmap these gigabytes at every synchronization
   // and map them again on the next call.
-  cudaMemPool_t pool = nullptr;
-  SPARGE_RETURN_IF_ERROR(g.cuda(sparge::cuda::scratch_pool(pool), "creating the scratch pool"));
-  SPARGE_RETURN_IF_ERROR(g.cuda(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&res.base), A.size(), pool, cs),
+  SPARGE_RETURN_IF_ERROR(g.cuda(sparge::cuda::scratch_alloc(reinterpret_cast<void**>(&res.base), A.size(), cs),
                                 "cudaMallocFromPoolAsync of the scratch"));
   prof.host_mark("alloc");
   prof.mark("start", cs);

@@ -18,6 +18,7 @@
 #include "cuda/attention/sm90/launch.h"
 #include "cuda/attention/sm90/tensor_map.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/scratch_pool.h"
 #include "validate/validate.h"
 
 namespace sparge::cuda {
@@ -358,7 +359,7 @@ Status block_sparse_attention(const BlockSparseAttentionParams& p) {
       kp.pv_threshold = p.pv_threshold[0];
     } else {
       const std::size_t bytes = p.pv_threshold.size() * sizeof(float);
-      if (cudaMallocAsync(reinterpret_cast<void**>(&thr_dev), bytes, stream) != cudaSuccess ||
+      if (scratch_alloc(reinterpret_cast<void**>(&thr_dev), bytes, stream) != cudaSuccess ||
           cudaMemcpyAsync(thr_dev, p.pv_threshold.data(), bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) {
         const cudaError_t err = cudaGetLastError();
         if (thr_dev != nullptr) cudaFreeAsync(thr_dev, stream);

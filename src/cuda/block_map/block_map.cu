@@ -211,11 +211,7 @@ Status build_block_map(const BlockMapParams& p) {
   if (floats == 0) return {};
 
   float* base = nullptr;
-  cudaMemPool_t pool = nullptr;
-  cudaError_t e = scratch_pool(pool);
-  if (e == cudaSuccess) {
-    e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&base), floats * sizeof(float), pool, stream);
-  }
+  cudaError_t e = scratch_alloc(reinterpret_cast<void**>(&base), floats * sizeof(float), stream);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();  // clear the error so it does not surface in a later call
     return runtime_error(detail::cat(kOp, ": cudaMallocFromPoolAsync of ", floats * sizeof(float),

@@ -26,6 +26,7 @@
 #include "cuda/gather/attention.cuh"
 #include "cuda/gather/attention_wgmma.cuh"
 #include "cuda/gather/union.cuh"
+#include "cuda/scratch_pool.h"
 #include "cuda/topk/error_flags.cuh"
 #include "validate/validate.h"
 
@@ -192,7 +193,7 @@ struct StreamBuffer {
     if (ptr != nullptr) cudaFreeAsync(ptr, stream);
   }
   cudaError_t alloc(std::int64_t n) {
-    return cudaMallocAsync(reinterpret_cast<void**>(&ptr), static_cast<size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T), stream);
+    return scratch_alloc(reinterpret_cast<void**>(&ptr), static_cast<size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T), stream);
   }
 };
 

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "cuda/scratch_pool.h"
+
 namespace sparge::cuda::flags {
 
 inline constexpr unsigned long long kNone = ~0ull;
@@ -22,7 +24,7 @@ __device__ __forceinline__ void record(unsigned long long* word, std::uint64_t r
   atomicMin(word, pack(row, col));
 }
 
-// A small block of flag words in device memory, allocated on the stream (stream-ordered allocator),
+// A small block of flag words in device memory, allocated on the stream (the retained scratch pool),
 // set to kNone, and read back after the kernels with a stream synchronisation.
 template <int kWords>
 class DeviceFlags {
@@ -35,7 +37,7 @@ class DeviceFlags {
   DeviceFlags& operator=(const DeviceFlags&) = delete;
 
   cudaError_t init() {
-    cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&dev_), sizeof(host_), stream_);
+    cudaError_t e = scratch_alloc(reinterpret_cast<void**>(&dev_), sizeof(host_), stream_);
     if (e != cudaSuccess) return e;
     return cudaMemsetAsync(dev_, 0xff, sizeof(host_), stream_);  // every word = kNone
   }

@@ -28,6 +28,7 @@
 #include "cuda/attention/sm90/pipeline.cuh"
 #include "cuda/attention/sm90/rows.cuh"
 #include "cuda/attention/sm90/wgmma.cuh"
+#include "cuda/scratch_pool.h"
 
 namespace sparge::cuda::attn::sm90 {
 
@@ -653,7 +654,7 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   const bool have_sms = cudaGetDevice(&dev) == cudaSuccess &&
                         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0;
   if (p.p.lut != nullptr && have_sms && num_tiles > sms * Tr::kMinBlocks) {
-    if (cudaMallocAsync(reinterpret_cast<void**>(&order), sizeof(std::int32_t) * num_tiles, stream) == cudaSuccess) {
+    if (scratch_alloc(reinterpret_cast<void**>(&order), sizeof(std::int32_t) * num_tiles, stream) == cudaSuccess) {
       if (order_tiles_by_count(p.p, num_tiles, order, stream) == cudaSuccess) q.order = order;
     } else {
       order = nullptr;
