@@ -5,13 +5,15 @@
 //
 // Run-time switches (read on every call, for the device rounds; results never depend on them):
 //   SPARGE_TOPK_VARIANT=0  two-pass kernel, next chunk's loads issued before the current one is
-//                          processed, histogram pass filtered by a sample of the row (default);
-//                          =1 the same without that prefetch (64 B of f32 per thread per chunk);
-//                          =4 variant 0 without the sample filter (every key counted): on the
-//                             H200 (2026-11-30) it measured 0.313 / 0.261 ms (f32 / f16) against
-//                             0.320 / 0.281 for the default, a candidate default for the next round;
-//                          =5 variant 0 plus an L2 prefetch 4 chunks beyond the register prefetch
-//                             (more bytes in flight; strided rows as variant 0).
+//                          processed, every key counted in the histogram pass (default since the
+//                          second H200 round of 2026-11-30: f32 0.226 / f16 0.177 ms against
+//                          0.248 / 0.202 with the sample filter, same process; the first round
+//                          measured 0.313 / 0.261 against 0.320 / 0.281);
+//                          =1 variant 4 without that prefetch (64 B of f32 per thread per chunk);
+//                          =4 the histogram pass filtered by a sample of the row (the default
+//                             before that round);
+//                          =5 variant 4 plus an L2 prefetch 4 chunks beyond the register prefetch
+//                             (more bytes in flight; strided rows as variant 4).
 //   (The earlier four-read kernel and the first two-pass kernel, once variants 2 and 3, measured
 //   slower in the same round, 0.381 / 0.370 ms for the latter, and were deleted.)
 //   SPARGE_TOPK_NO_SYNC=1  measurement only: return without reading the NaN flag back, so without
@@ -57,25 +59,25 @@ struct TopkPlan {
 //   and the next chunk's loads are in flight while it works (variant 0), or 64 B without that
 //   prefetch (variant 1; f16 stays at 32 B); 63-64 registers (4 CTAs per SM), variant 0 without
 //   spills on sm_90a for f32, 12 B for f16. The strided path loads one score at a time, 16 per
-//   thread, no prefetch. Variants 0, 1, 4, 5 and the strided path filter the histogram pass with
-//   a sample of the row (two_pass.cuh).
+//   thread, no prefetch. Variants 1, 4, 5 filter the histogram pass with a sample of the row
+//   (two_pass.cuh); the default (0) counts every key, on the strided path too.
 template <class T, int kVec>
 void pick_kernel(TopkPlan& plan, int variant) {
   constexpr int kBytes16 = kVec * static_cast<int>(sizeof(T)) / 16;  // 16-byte loads per kVec (1 or 0)
   plan.threads = topk::kThreads;
   if constexpr (kBytes16 == 0) {
     switch (variant) {
-      case 4: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, false>; break;
-      default: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, true>; break;
+      case 1: case 4: case 5: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, true>; break;
+      default: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, false>; break;
     }
   } else {
     // f16 keeps 2 loads in variant 1 too: 32 scores per thread spill.
     constexpr int kLoadsNoPrefetch = sizeof(T) == 2 ? 2 : 4;
     switch (variant) {
       case 1: plan.kernel = topk::two_pass_kernel<T, kVec, kLoadsNoPrefetch, false, true>; break;
-      case 4: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, false>; break;
+      case 4: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, true>; break;
       case 5: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, true, 4>; break;
-      default: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, true>; break;
+      default: plan.kernel = topk::two_pass_kernel<T, kVec, 2, true, false>; break;
     }
   }
 }
