@@ -293,7 +293,6 @@ KernelParams make_params(const Problem& pb, const Selection& sel, float scale, b
   kp.is_causal = is_causal;
   kp.heavy_first = is_causal;
   // docs/attention_portable.md, "Run-time switches".
-  kp.key_split = env_switch("SPARGE_PORTABLE_KEY_SPLIT", false);
   kp.lazy_rescale = env_switch("SPARGE_PORTABLE_LAZY_RESCALE", true);
   return kp;
 }

@@ -11,13 +11,9 @@
 //                                                           before the vote barrier of i-1)
 //   S = Q K_i^T, mask, online softmax
 //   wait_group 1 (V_i landed, K_{i+1} may fly), barrier+vote -> V_i visible; pv_threshold decided
-//                                                           (key split: publish slice maxima, barrier,
-//                                                           read the partner's, barrier+vote)
 //   issue V_{i+1} into the other V stage                    (its last reader, PV_{i-1}, finished
 //                                                           before this iteration's first barrier)
 //   O = alpha O (+ P V_i unless the whole query block voted to skip)
-// With a key split (traits.cuh) two warps share each row group, one per half of every tile; they
-// merge their (O, m, l) after the loop.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,10 +53,7 @@ __global__ void __launch_bounds__(Tr::kThreads, MinBlocks<Tr>::value)
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  // The warp's query rows (row group) and, with a key split, its slice of every key tile.
-  const int rg = warp % Tr::kRowGroups;
-  const int slice = warp / Tr::kRowGroups;
-  const std::uint32_t slice_bytes = static_cast<std::uint32_t>(slice * Tr::kWarpKeys * Tr::kChunks * 16);
+  const int rg = warp;  // the warp's query rows (row group)
 
   // ---- scheduler: tile -> (b, h, qb); query blocks of one head are adjacent (they share K/V in
   // L2), and with heavy_first the longest causal rows start first.
@@ -173,9 +166,9 @@ __global__ void __launch_bounds__(Tr::kThreads, MinBlocks<Tr>::value)
     cp_async_commit();
 
     float s[Tr::kMTiles][Tr::kKTiles][4];
-    qk_product<Tr>(s, qf, q_smem, k_cur + slice_bytes, rg, lane);
+    qk_product<Tr>(s, qf, q_smem, k_cur, rg, lane);
     if (kt >= first_masked_tile) {
-      mask_scores<Tr>(s, row0, sq, sk, p.is_causal, k0 + slice * Tr::kWarpKeys, lane);
+      mask_scores<Tr>(s, row0, sq, sk, p.is_causal, k0, lane);
     }
     float alpha[kRows], block_max[kRows], new_max[kRows];
     softmax.step(s, p.scale_log2, alpha, block_max, new_max);
@@ -185,41 +178,12 @@ __global__ void __launch_bounds__(Tr::kThreads, MinBlocks<Tr>::value)
     // product is skipped only when every row of the block agrees (a CTA owns exactly one query block).
     bool skip_pv = false;
     if (use_pv) {
-      if constexpr (Tr::kKeySplit > 1) {
-        // The row test needs the whole block's row max and the running max over every slice: each
-        // quad's first lane publishes its rows' slice values; the barrier that makes V_i visible also
-        // publishes them, a second barrier counts the vote. The next writes come after the next
-        // iteration's first barrier, when every read of these has finished. Static shared memory, declared
-        // only in key-split instantiations ([slice][row][block max, running max]; 1 or 2 KiB, a multiple
-        // of 128 bytes, so the dynamic tiles after it keep their alignment).
-        __shared__ float vote_max[Tr::kVoteFloats];
-        const int qrow = rg * Tr::kWarpRows + (lane >> 2);  // the thread's first row in the query block
-        if ((lane & 3) == 0) {
+      bool skippable = true;
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            float* v = vote_max + (slice * Tr::kBlockQ + qrow + row_offset(r)) * 2;
-            v[0] = block_max[r];
-            v[1] = new_max[r];
-          }
-        }
-        __syncthreads();
-        bool skippable = true;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const float* v = vote_max + ((slice ^ 1) * Tr::kBlockQ + qrow + row_offset(r)) * 2;
-          const float x = fmaxf(block_max[r], v[0]);
-          const float m = fmaxf(new_max[r], v[1]);
-          skippable = skippable && (row0 + row_offset(r) >= sq || pv_skippable(x, m, pv_thr));
-        }
-        skip_pv = __syncthreads_and(skippable) != 0;
-      } else {
-        bool skippable = true;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          skippable = skippable && (row0 + row_offset(r) >= sq || pv_skippable(block_max[r], new_max[r], pv_thr));
-        }
-        skip_pv = __syncthreads_and(skippable) != 0;
+      for (int r = 0; r < kRows; ++r) {
+        skippable = skippable && (row0 + row_offset(r) >= sq || pv_skippable(block_max[r], new_max[r], pv_thr));
       }
+      skip_pv = __syncthreads_and(skippable) != 0;
     } else {
       __syncthreads();
     }
@@ -250,63 +214,10 @@ __global__ void __launch_bounds__(Tr::kThreads, MinBlocks<Tr>::value)
         }
       }
     }
-    if (!skip_pv) pv_product<Tr>(o, s, v_cur + slice_bytes, lane);
+    if (!skip_pv) pv_product<Tr>(o, s, v_cur, lane);
 
     kt = kt_next;
     stage ^= 1;
-  }
-
-  // ---- key split: slice 1 hands (O, m, l) to slice 0 of its rows, which merges them:
-  // m = max(m0, m1), O = O0 * 2^(m0 - m) + O1 * 2^(m1 - m), l likewise (a -inf slice max has weight 0;
-  // both -inf leaves l = 0, an empty row). l stays the thread's partial sum (its columns), which the
-  // epilogue's quad sum completes, since the weights are the same for the four lanes of a row.
-  if constexpr (Tr::kKeySplit > 1) {
-    // Every warp's last PV has read its V stage, and no copy is in flight (the last groups committed
-    // are empty, the others were waited for), so the K/V stages are free.
-    __syncthreads();
-    float* xchg = reinterpret_cast<float*>(smem + Tr::kQBytes) + rg * Tr::kMergeSlots * 32 + lane;
-    constexpr int kMSlot = Tr::kMTiles * Tr::kDTiles * 4;
-    if (slice == 1) {
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTiles; ++mt) {
-#pragma unroll
-        for (int j = 0; j < Tr::kDTiles; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) xchg[((mt * Tr::kDTiles + j) * 4 + e) * 32] = o[mt][j][e];
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        xchg[(kMSlot + 2 * r) * 32] = softmax.m[r];
-        xchg[(kMSlot + 2 * r + 1) * 32] = softmax.l[r];
-      }
-    }
-    __syncthreads();
-    if (slice != 0) return;  // no barrier follows
-    float w0[kRows], w1[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float m1 = xchg[(kMSlot + 2 * r) * 32];
-      const float l1 = xchg[(kMSlot + 2 * r + 1) * 32];
-      const float m0 = softmax.m[r];
-      const float mn = fmaxf(m0, m1);
-      const float mu = mn == -INFINITY ? 0.0f : mn;
-      w0[r] = ex2(m0 - mu);
-      w1[r] = ex2(m1 - mu);
-      softmax.m[r] = mn;
-      softmax.l[r] = softmax.l[r] * w0[r] + l1 * w1[r];
-    }
-#pragma unroll
-    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
-#pragma unroll
-      for (int j = 0; j < Tr::kDTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 2 * mt + e / 2;
-          o[mt][j][e] = o[mt][j][e] * w0[r] + xchg[((mt * Tr::kDTiles + j) * 4 + e) * 32] * w1[r];
-        }
-      }
-    }
   }
 
   // ---- epilogue
@@ -338,18 +249,11 @@ cudaError_t Kernel<T, HD, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
   return cudaFuncGetAttributes(attr, attention_kernel<StreamTraits<T, HD, BLKQ, BLKK>>);
 }
 
-// Shape per call (traits.cuh): pv_threshold with BLKK 128 needs whole-block tiles; p.key_split picks
-// the key-split shapes for those and for BLKQ 64 (32 rows per warp instead of 16).
+// Shape per call (traits.cuh): pv_threshold with BLKK 128 needs whole-block tiles.
 template <class T, int HD, int BLKQ, int BLKK>
 cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const KernelParams& p, int num_tiles, cudaStream_t stream) {
   if constexpr (StreamTraits<T, HD, BLKQ, BLKK>::kSubTiles > 1) {
-    if (p.use_pv_threshold) {
-      if (p.key_split) return launch_shape<SplitWholeBlockTraits<T, HD, BLKQ, BLKK>>(p, num_tiles, stream);
-      return launch_shape<WholeBlockTraits<T, HD, BLKQ, BLKK>>(p, num_tiles, stream);
-    }
-  }
-  if constexpr (BLKQ == 64) {
-    if (p.key_split) return launch_shape<SplitStreamTraits<T, HD, BLKQ, BLKK>>(p, num_tiles, stream);
+    if (p.use_pv_threshold) return launch_shape<WholeBlockTraits<T, HD, BLKQ, BLKK>>(p, num_tiles, stream);
   }
   return launch_shape<StreamTraits<T, HD, BLKQ, BLKK>>(p, num_tiles, stream);
 }

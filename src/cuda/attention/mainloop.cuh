@@ -66,9 +66,7 @@ __device__ __forceinline__ void load_q_fragments(QFragments<Tr>& qf, std::uint32
   }
 }
 
-// s = Q K^T for this warp's kWarpRows rows (row group `row_group`) and the kWarpKeys keys at k_smem
-// (the warp's key slice: the caller offsets k_smem by whole rows, multiples of 8, which keeps the
-// swizzle's row % 8).
+// s = Q K^T for this warp's kWarpRows rows (row group `row_group`) and the kTileK keys at k_smem.
 template <class Tr>
 __device__ __forceinline__ void qk_product(float (&s)[Tr::kMTiles][Tr::kKTiles][4], const QFragments<Tr>& qf,
                                            std::uint32_t q_smem, std::uint32_t k_smem, int row_group, int lane) {
@@ -108,8 +106,8 @@ __device__ __forceinline__ void qk_product(float (&s)[Tr::kMTiles][Tr::kKTiles][
   }
 }
 
-// o += P V with P = the probabilities in s (fp32), rounded to the input dtype; v_smem = the first V
-// row of the warp's key slice (offset by whole rows like qk_product's k_smem). The accumulator
+// o += P V with P = the probabilities in s (fp32), rounded to the input dtype; v_smem = the tile's
+// first V row. The accumulator
 // layout of two adjacent S n-tiles is exactly the A fragment of one k-step of PV, so P never
 // leaves registers.
 template <class Tr>
@@ -147,7 +145,7 @@ __device__ __forceinline__ void pv_product(float (&o)[Tr::kMTiles][Tr::kDTiles][
 // Sets the raw scores of keys a row does not see to -inf: keys >= sk, and with causal masking keys
 // j > i + sk - sq (bottom-right aligned). row0 = the sequence position of the thread's first
 // accumulator row (row r = 2 * M tile + half sits at row0 + 16 * M tile + 8 * half), k0 = the first
-// key of the warp's slice of the tile. The per-row limits are recomputed here, in the rare masked
+// key of the tile. The per-row limits are recomputed here, in the rare masked
 // tiles, rather than held in registers across the loop. Scaling is folded into the softmax's exponent.
 template <class Tr>
 __device__ __forceinline__ void mask_scores(float (&s)[Tr::kMTiles][Tr::kKTiles][4], int row0, int sq, int sk,

@@ -44,10 +44,8 @@ struct KernelParams {
   const float* pv_threshold_per_head;
 
   // Tuning switches (entry.cu reads them per call from the environment; they change speed, never
-  // results beyond summation order): the key-split shapes (traits.cuh) where an instantiation has
-  // one, and skipping the O rescale of a warp whose rows' maxima all stayed put (alpha == 1 exactly:
-  // bitwise the same result).
-  bool key_split;
+  // results beyond summation order): skipping the O rescale of a warp whose rows' maxima all stayed
+  // put (alpha == 1 exactly: bitwise the same result).
   bool lazy_rescale;
 };
 

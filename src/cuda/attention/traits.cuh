@@ -12,7 +12,7 @@
 
 namespace sparge::cuda::attn {
 
-template <class T_, int HD_, int BLKQ_, int BLKK_, int WARP_ROWS_, int TILE_K_, int MIN_CTAS_ = 0, int KEY_SPLIT_ = 1>
+template <class T_, int HD_, int BLKQ_, int BLKK_, int WARP_ROWS_, int TILE_K_, int MIN_CTAS_ = 0>
 struct Traits {
   using T = T_;
   static constexpr int kHeadDim = HD_;
@@ -24,15 +24,8 @@ struct Traits {
   static_assert(kBlockQ % kWarpRows == 0 && kBlockK % kTileK == 0 && kTileK % 16 == 0, "tiles must nest");
   static constexpr int kMTiles = kWarpRows / 16;
   static constexpr int kRows = 2 * kMTiles;  // accumulator rows per thread (g, g + 8 of each M tile)
-  // Key split: kKeySplit warps share the same query rows, each owning kWarpKeys consecutive keys of
-  // every tile with its own online-softmax state; the states are merged once, after the key loop
-  // (kernel.cuh). Warp w owns rows (w % kRowGroups) * kWarpRows and key slice w / kRowGroups.
-  static constexpr int kKeySplit = KEY_SPLIT_;
-  static_assert(kKeySplit == 1 || kKeySplit == 2, "one or two key slices per tile");
-  static constexpr int kWarpKeys = kTileK / kKeySplit;
-  static_assert(kWarpKeys % 16 == 0, "a key slice is whole k16 steps");
   static constexpr int kRowGroups = kBlockQ / kWarpRows;
-  static constexpr int kWarps = kRowGroups * kKeySplit;
+  static constexpr int kWarps = kRowGroups;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kSubTiles = kBlockK / kTileK;  // > 1 only when pv_threshold is off
   static constexpr bool kQInRegs = kMTiles == 1;
@@ -50,19 +43,9 @@ struct Traits {
 
   // Register tiles per warp.
   static constexpr int kDTiles = kHeadDim / 8;  // n-tiles of O
-  static constexpr int kKTiles = kWarpKeys / 8;  // n-tiles of S (the warp's key slice)
+  static constexpr int kKTiles = kTileK / 8;  // n-tiles of S
   static constexpr int kDSteps = kHeadDim / 16;  // k-steps of QK^T
-  static constexpr int kKSteps = kWarpKeys / 16; // k-steps of PV
-
-  // Key split merge: a slice-1 warp hands its O accumulator and per-row (m, l) to the slice-0 warp of
-  // its rows through the (then idle) K/V stages, one float per lane and slot ([slot][lane]: no bank
-  // conflicts).
-  static constexpr int kMergeSlots = kMTiles * kDTiles * 4 + 2 * kRows;
-  static constexpr int kMergeBytes = kKeySplit > 1 ? kRowGroups * kMergeSlots * 32 * 4 : 0;
-  static_assert(kMergeBytes <= 2 * kStages * kKVBytes, "the merge area fits in the K/V stages");
-  // pv_threshold with a key split: each warp publishes its rows' slice maxima (block max, running
-  // max) so that the vote sees the whole block's row maxima (static shared memory, kernel.cuh).
-  static constexpr int kVoteFloats = kKeySplit * kBlockQ * 2;
+  static constexpr int kKSteps = kTileK / 16;  // k-steps of PV
 };
 
 // The two shapes a (dtype, head dim, BLKQ, BLKK) instantiation launches (a tuning choice: it changes
@@ -79,17 +62,6 @@ using StreamTraits = Traits<T, HD, BLKQ, BLKK, (BLKQ >= 128 ? 32 : 16), (BLKK < 
                             (HD == 64 && BLKQ >= 128 && BLKK == 64 ? 3 : 0)>;
 template <class T, int HD, int BLKQ, int BLKK>
 using WholeBlockTraits = Traits<T, HD, BLKQ, BLKK, 16, BLKK>;
-// Key-split shapes (KernelParams::key_split): 32 rows per warp everywhere, so every K and V fragment
-// an ldmatrix brings in feeds four mma (a 16-row warp feeds two, which makes the 16-row shapes
-// shared-memory bound):
-// - BLKQ 64, streaming (pv_threshold off, or BLKK 64): 64-key tiles, 2 row groups x 2 key slices of
-//   32 keys = 4 warps, two CTAs per SM (replaces 4 warps x 16 rows).
-// - Whole block with pv_threshold and BLKK 128: one 128-key tile, BLKQ / 32 row groups x 2 key slices
-//   of 64 keys (8 warps for BLKQ 128; replaces 8 warps x 16 rows x 128 keys).
-template <class T, int HD, int BLKQ, int BLKK>
-using SplitStreamTraits = Traits<T, HD, BLKQ, BLKK, 32, (BLKK < kStreamTileK ? BLKK : kStreamTileK), 0, 2>;
-template <class T, int HD, int BLKQ, int BLKK>
-using SplitWholeBlockTraits = Traits<T, HD, BLKQ, BLKK, 32, BLKK, 0, 2>;
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of `chunks` chunks per row. The chunk
 // index is xor-ed with row % 8: the 8 rows an ldmatrix phase reads (same logical chunk) land in 8
