@@ -67,7 +67,7 @@ struct Cfg {
   bool outpad = false;      // lut / counts with gaps between rows
   bool determinism = false;  // run the GPU twice, compare bitwise
   bool own_stream = false;
-  bool fuse_variants = false;  // rerun under the pooling switches (fused or not, lags, variants), compare bitwise
+  bool switches = false;     // rerun under the run-time switches (pooling, K mean, scores + selection), compare bitwise
   bool varlen() const { return !lens_q.empty(); }
 };
 
@@ -99,7 +99,7 @@ std::string case_name(const Cfg& c) {
   if (c.outpad) n("outpad", 1);
   if (c.determinism) n("det", 1);
   if (c.own_stream) n("stream", 1);
-  if (c.fuse_variants) n("fuse", "all");
+  if (c.switches) n("switches", "all");
   return n.str();
 }
 
@@ -596,30 +596,32 @@ class ScopedEnv {
   std::string old_;
 };
 
-// The pooling switches (docs/block_map_gpu.md) give the same bits: the fused smooth_k pass at
-// several lags (0: a unit's pooling right after its chunk sums; beyond the unit count: all sums
-// first), the three-launch path, and the kernel variants, each against the default run.
-void check_pool_switches(const Problem& p, const GpuResult& first) {
+// The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
+// as its own launch, K sums first in pass 1, the pooling kernel variants, the scores and the
+// selection as two launches through memory, and 8 rows per warp in the fused scores + selection.
+void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
-    const char* fuse;
-    const char* lag;
+    const char* kmean;
+    const char* kfirst;
     const char* pool;
+    const char* scoresel;
   };
-  // The default is the three-launch path (FUSE off); "1" turns the fused pass on.
-  const Setting settings[] = {{"1", nullptr, nullptr},      {"1", "0", nullptr},           {"1", "1", nullptr},
-                              {"1", "1000000", nullptr},    {nullptr, nullptr, "prefetch"}, {nullptr, nullptr, "base"},
-                              {"1", nullptr, "prefetch"},   {"1", "3", "wide"}};
+  const Setting settings[] = {{"launch", nullptr, nullptr, nullptr},   {nullptr, "1", nullptr, nullptr},
+                              {nullptr, nullptr, "prefetch", nullptr}, {nullptr, nullptr, "base", nullptr},
+                              {"launch", "1", "wide", nullptr},        {nullptr, nullptr, nullptr, "0"},
+                              {nullptr, nullptr, nullptr, "8"},        {"launch", nullptr, "base", "0"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
-    ScopedEnv fuse("SPARGE_BLOCKMAP_FUSE", st.fuse), lag("SPARGE_BLOCKMAP_FUSE_LAG", st.lag),
-        pool("SPARGE_BLOCKMAP_POOL", st.pool);
+    ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
+        pool("SPARGE_BLOCKMAP_POOL", st.pool), scoresel("SPARGE_BLOCKMAP_SCORESEL", st.scoresel);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
-    const std::string what = std::string("FUSE=") + (st.fuse ? st.fuse : "-") + " LAG=" + (st.lag ? st.lag : "-") +
-                             " POOL=" + (st.pool ? st.pool : "-");
+    const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
+    const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
+                             " SCORESEL=" + show(st.scoresel);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))
@@ -654,7 +656,7 @@ void run_case(const Cfg& c, const std::string& name) {
   run_gpu(p, first);
   if (testing::Test::HasFatalFailure()) return;
   compare(p, cpu, first);
-  if (c.fuse_variants) check_pool_switches(p, first);
+  if (c.switches) check_switches(p, first);
   if (c.determinism) {
     for (int rep = 0; rep < 3; ++rep) {
       GpuResult again;
@@ -884,12 +886,14 @@ SPARGE_CASES(BlockMapGpu) {
     c.sink = true;
     add(cases, c);
   }
-  // The pooling switches give the same bits as the default (fused smooth_k pass): GQA with many K
-  // chunks per unit, varlen with empty sequences and slack, small and large head dims, HND bf16.
+  // The run-time switches give the same bits as the default: GQA with many K chunks per unit, varlen
+  // with empty sequences and slack, small and large head dims, HND bf16, rows of up to 128 and of
+  // up to 256 key blocks (both register tiles of the fused scores + selection), partial CTA tiles
+  // of query blocks (NQ not a multiple of 32 or 64).
   {
     Cfg c;
     c.b = 3, c.hq = 8, c.hk = 2, c.sq = 1000, c.sk = 5000, c.d = 128, c.causal = true, c.sel = {0.3f};
-    c.sim = {0.1f}, c.fuse_variants = true, c.pattern = Pattern::ramp;
+    c.sim = {0.1f}, c.switches = true, c.pattern = Pattern::ramp;
     add(cases, c);
     c.pattern = Pattern::random;
     c.b = 2, c.hq = 4, c.hk = 4, c.sq = 700, c.sk = 2100, c.d = 256, c.causal = false, c.use_topk = false;
@@ -900,7 +904,13 @@ SPARGE_CASES(BlockMapGpu) {
     c.slack_k = 300, c.sq = c.sk = 0;
     add(cases, c);
     c.b = 1, c.hq = 1, c.hk = 1, c.d = 64, c.lens_q.clear(), c.lens_k.clear(), c.slack_q = c.slack_k = 0;
-    c.sq = 300, c.sk = 3000, c.causal = true, c.sink = true;  // one unit: every lag ends with all sums first
+    c.sq = 300, c.sk = 3000, c.causal = true, c.sink = true;  // one unit
+    add(cases, c);
+    c.b = 2, c.hq = 4, c.hk = 2, c.sq = 2500, c.sk = 12000, c.d = 64, c.causal = false, c.sink = false;
+    c.sel = {0.25f}, c.sim = {0.1f}, c.pattern = Pattern::ramp;  // NQ 40, NK 188: the 8-key tile
+    add(cases, c);
+    c.sq = 9000, c.sk = 16000, c.causal = true, c.use_topk = false, c.sel = {0.9f}, c.sim = {}, c.scale = 0.01f;
+    c.dtype = DType::bf16, c.layout = Layout::hnd, c.blkq = 128;  // NQ 71, NK 250, cdf
     add(cases, c);
   }
   // Determinism: the same inputs give bitwise the same outputs (run four times).

@@ -197,14 +197,16 @@ Status build_block_map(const BlockMapParams& p) {
   const bool heads_on_device = g.hq > kInlineHeads;
 
   // Scratch: one allocation on the stream (from the shared retained pool, src/cuda/scratch_pool.h),
-  // carved into fp32 regions (and the fused pass's 32-bit counters).
+  // carved into fp32 regions (and the folded K mean's 32-bit counters). The fused scores +
+  // selection keeps the scores in registers: no score region then.
   Scratch s;
   s.nchunks = p.smooth_k ? (g.sk + kKSumRows - 1) / kKSumRows : 0;
+  const bool fused_select = score_select_fused(g);
   const auto n = [](std::int64_t v) { return round_up(static_cast<std::size_t>(v)); };
   const std::size_t sizes[] = {
       n(g.nseq * g.hk * s.nchunks * g.d), n(g.nseq * g.hk * g.d), n(g.nseq * g.hk * g.nk * g.d), n(g.nseq * g.hk * g.nk),
-      n(g.nseq * g.hq * g.nq * g.d),      n(g.nseq * g.hq * g.nq), n(g.nseq * g.hq * g.nq * g.nk),
-      p.smooth_k ? n(2 + 2 * g.nseq * g.hk) : 0,  // the fused pass's counters (32-bit words)
+      n(g.nseq * g.hq * g.nq * g.d),      n(g.nseq * g.hq * g.nq), fused_select ? 0 : n(g.nseq * g.hq * g.nq * g.nk),
+      p.smooth_k ? n(g.nseq * g.hk) : 0,  // the folded K mean's counters (32-bit words)
       heads_on_device ? n(2 * g.hq) : 0};
   std::size_t floats = 0;
   for (std::size_t v : sizes) floats += v;
@@ -223,7 +225,7 @@ Status build_block_map(const BlockMapParams& p) {
     *regions[i] = cursor;
     cursor += sizes[i];
   }
-  if (p.smooth_k) s.sync = reinterpret_cast<std::uint32_t*>(cursor);  // 256-byte aligned
+  if (p.smooth_k) s.k_done = reinterpret_cast<std::uint32_t*>(cursor);  // 256-byte aligned
   cursor += sizes[7];
 
   const char* phase = "";
@@ -254,21 +256,31 @@ Status build_block_map(const BlockMapParams& p) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;
-  phase = "the pooled scores";
-  if ((e = launch_scores(g, scale, s, stream)) != cudaSuccess) return fail(e);
-  timer.mark("scores");
-  phase = "the selection";
-  if ((e = launch_select(g, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
-                         out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
-    return fail(e);
+  if (fused_select) {
+    phase = "the pooled scores and the selection";
+    if ((e = launch_score_select(g, scale, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
+                                 out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
+      return fail(e);
+    }
+    timer.mark("scores + select");
+  } else {
+    phase = "the pooled scores";
+    if ((e = launch_scores(g, scale, s, stream)) != cudaSuccess) return fail(e);
+    timer.mark("scores");
+    phase = "the selection";
+    if ((e = launch_select(g, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
+                           out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
+      return fail(e);
+    }
+    timer.mark("select");
   }
-  timer.mark("select");
   e = cudaFreeAsync(base, stream);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return runtime_error(detail::cat(kOp, ": cudaFreeAsync of the scratch failed: ", cudaGetErrorString(e)));
   }
-  timer.print(g, pool_variant_name(), scores_variant(g), select_variant(g.nk));
+  timer.print(g, pool_variant_name(), fused_select ? score_select_variant(g) : scores_variant(g),
+              fused_select ? "in scores" : select_variant(g.nk));
   return {};
 }
 

@@ -1,8 +1,8 @@
 // Shared pieces of the CUDA block map (docs/block_map_gpu.md): the geometry every kernel indexes
 // with, the sequence / visibility rules of docs/semantics.md (Stage 1) in device form, the input
 // loaders, and the launchers the host entry (block_map.cu) calls in order:
-//   pooling (pass 1: Q pooling + K chunk sums; k_mean; pass 2: K pooling), scores (pooled QK),
-//   select (top-k / cdf, LUT).
+//   pooling (pass 1: Q pooling + K chunk sums (+ the K mean); pass 2: K pooling), then scores
+//   (pooled QK) and select (top-k / cdf, LUT), in one launch for rows of at most 256 key blocks.
 // Every kernel walks a 1-D grid-stride loop over 64-bit work indices, so batch * heads may exceed
 // 65535 (and any count fits) without relying on gridDim.y / z.
 #pragma once
@@ -68,9 +68,9 @@ struct Scratch {
   float* q_sim = nullptr;   // [nseq, hq, NQ]
   float* scores = nullptr;  // [nseq, hq, NQ, NK] scale * pq . pk (only tiles that a row can see)
   std::int64_t nchunks = 0;
-  // [2 + 2 * nseq * hk] the fused smooth_k pass's ticket (64-bit) and per-(sequence, kv head)
-  // counters, zeroed by launch_pooling; null: the fused pass is not used (three launches).
-  std::uint32_t* sync = nullptr;
+  // [nseq * hk] chunk sums finished per (sequence, kv head), zeroed by launch_pooling, for the K
+  // mean folded into pass 1; null: the mean is its own launch.
+  std::uint32_t* k_done = nullptr;
 };
 
 struct SelectRule {
@@ -95,8 +95,8 @@ struct Marks {
 // dtype_bf16 picks the element type of q / k.
 // Pools Q (heads = hq, blocks of blkq) and K (heads = hk, blocks of blkk, shifted by the K mean
 // when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
-// similarities and the optional diagnostic outputs. With smooth, vector rows and s.sync: one
-// fused launch (after a memset of s.sync); else two or three launches (pool.cu).
+// similarities and the optional diagnostic outputs: one launch without smooth, else two (K mean
+// folded into the first, after a memset of s.k_done) or three (pool.cu).
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
                            const Marks& marks = {});
@@ -119,6 +119,14 @@ std::size_t select_smem_bytes(std::int64_t nk);
 const char* select_variant(std::int64_t nk);
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st);
+// Scores and selection in one launch (select.cu, rows of at most 256 key blocks): the scores stay
+// in registers, s.scores is not used. Same outputs, bit for bit, as launch_scores + launch_select.
+// score_select_fused says whether the host entry takes it (geometry and SPARGE_BLOCKMAP_SCORESEL).
+bool score_select_fused(const Geometry& g);
+const char* score_select_variant(const Geometry& g);
+cudaError_t launch_score_select(const Geometry& g, float scale, const SelectRule& rule, const Scratch& s,
+                                const Out<std::int32_t>& lut, const Out<std::int32_t>& counts,
+                                const Out<float>& maybe_scores, cudaStream_t st);
 
 #ifdef __CUDACC__
 

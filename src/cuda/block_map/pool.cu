@@ -1,7 +1,8 @@
 // The memory-bound part of the block map: the K mean (smooth_k) and the pooling / self-similarity
 // of every Q and K block, in two passes over the inputs (docs/block_map_gpu.md):
 //   pass 1: Q pooling, and K sums of kKSumRows-row chunks (smooth_k) or K pooling (no smoothing);
-//   k_mean: the chunk sums of each (sequence, kv head) in chunk order, / k_len;
+//   k_mean: the chunk sums of each (sequence, kv head) in chunk order, / k_len, by the warp that
+//           adds the unit's last chunk (folded into pass 1; or as its own launch);
 //   pass 2 (smooth_k): K pooling of the rows shifted by the mean, in reverse item order, so that
 //           it starts on the K rows pass 1 read last (still in L2).
 // So Q is read once and K twice (the smoothed rows' similarity needs the mean first).
@@ -23,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/block_map/load.cuh"
@@ -52,11 +54,16 @@ struct Segment {
   float* out = nullptr;           // [nseq, heads, nblk, D]: pooled rows or chunk sums
   float* sim = nullptr;           // [nseq, heads, nblk] (pool)
   Out<float> maybe_sim;           // optional diagnostic [B, heads, nblk]
+  // K mean folded into the chunk sums (!pool): per-unit counters (zeroed before the launch) and
+  // the mean [nseq, heads, D]; null: no fold.
+  unsigned* done = nullptr;
+  float* mean = nullptr;
 };
 
 struct PassArgs {
   Geometry g;
   Segment seg[2];  // items [0, seg[0].count), then [.., + seg[1].count)
+  bool small = false;  // every item index and count fits in 32 bits: 32-bit index arithmetic
 };
 
 // PREFETCH: the loads of the item's next batch are issued before the current batch is added up
@@ -116,10 +123,13 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       for (int j = 0; j < 8; ++j) shift[j] = __ldcg(sg.shift + (si * sg.heads + h) * g.d + sub * 8 + j);
     }
     float sum[8] = {}, unit[8] = {};
-    const auto consume = [&](const uint4 (&raw)[kBatch], int s0) {
+    // FULL: every row of the batch is in the item (warp-uniform), so no per-row checks: a lane
+    // past the row's D / 8 columns loaded zeros and has a zero shift, so it adds zeros. The
+    // arithmetic on a valid row is the same either way (same bits).
+    const auto consume = [&](const uint4 (&raw)[kBatch], int s0, bool full) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const bool valid = col_ok && s0 + u * kRowsPerStep + grp < n;
+        const bool valid = full || (col_ok && s0 + u * kRowsPerStep + grp < n);
         float v[8];
         unpack8<T>(raw[u], v);
         if (!pool) {
@@ -139,13 +149,22 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         if (valid) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) sum[j] += v[j];
-          // A zero row adds nothing to the sum of unit rows (but counts in n).
+          // A zero row adds nothing to the sum of unit rows (but counts in n). rsqrtf (one MUFU,
+          // ~2 ulp) instead of 1 / sqrtf (two correctly rounded multi-instruction sequences):
+          // the row loop is issue-bound, and the sims stay within 1e-6 of the fp64 CPU values.
           if (n2 > 0.0f) {
-            const float inv = 1.0f / sqrtf(n2);
+            const float inv = rsqrtf(n2);
 #pragma unroll
             for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], inv, unit[j]);
           }
         }
+      }
+    };
+    const auto consume_any = [&](const uint4 (&raw)[kBatch], int s0) {
+      if (s0 + kRowsPerBatch <= n) {
+        consume(raw, s0, true);  // inlined with the constant: no per-row checks
+      } else {
+        consume(raw, s0, false);
       }
     };
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
@@ -156,13 +175,13 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       if constexpr (PREFETCH) {
         uint4 nxt[kBatch];
         if (more) fetch(nxt, s0 + kRowsPerBatch);
-        consume(cur, s0);
+        consume_any(cur, s0);
         if (more) {
 #pragma unroll
           for (int u = 0; u < kBatch; ++u) cur[u] = nxt[u];
         }
       } else {
-        consume(cur, s0);
+        consume_any(cur, s0);
         if (more) fetch(cur, s0 + kRowsPerBatch);
       }
     }
@@ -209,19 +228,92 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
   }
 }
 
+// ---- K mean folded into pass 1 (smooth_k, default) ----------------------------------------------
+// The warp that adds the last chunk sum of a unit u = (sequence, kv head) (an integer counter per
+// unit, zeroed by launch_pooling) computes the unit's mean, in k_mean_kernel's order, so the bits
+// are those of the separate launch: "thread" v = grp * D + dim (v < groups * D, groups =
+// kPoolThreads / D) adds the chunks grp, grp + groups, ... of dim in chunk order, then dim adds the
+// groups' sums in group order to 0 and divides by k_len. A lane plays the threads lane + 32 j.
+// The classic last-block pattern: every writer fences its chunk sums before the count, the last
+// one fences before it reads them (through L2: __ldcg). Nothing waits, so nothing can deadlock.
+// Not inlined: it runs once per unit, and as a call its registers do not add to the pooling loop's.
+__device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part, float* k_mean, std::int64_t nchunks,
+                                         std::int64_t u, float* red) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int d_count = static_cast<int>(g.d);
+  const int groups = kPoolThreads / d_count;
+  const int nv = groups * d_count;  // <= kPoolThreads
+  constexpr int kChains = kPoolThreads / 32;
+  const float* part = k_part + u * nchunks * d_count;
+  float acc[kChains];
+  std::int64_t c0[kChains];
+#pragma unroll
+  for (int j = 0; j < kChains; ++j) {
+    acc[j] = 0.0f;
+    const int v = lane + 32 * j;
+    c0[j] = v < nv ? v / d_count : nchunks;  // past nv: no chunks
+  }
+  const std::int64_t steps = (nchunks + groups - 1) / groups;
+  // Unrolled so that 4 * kChains independent L2 loads are in flight (the adds stay in chain order).
+#pragma unroll 4
+  for (std::int64_t k = 0; k < steps; ++k) {
+#pragma unroll
+    for (int j = 0; j < kChains; ++j) {
+      const std::int64_t c = c0[j] + k * groups;
+      if (c < nchunks) acc[j] += __ldcg(part + c * d_count + (lane + 32 * j) % d_count);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kChains; ++j) {
+    if (lane + 32 * j < nv) red[lane + 32 * j] = acc[j];
+  }
+  __syncwarp();
+  const Seq seq = sequence(g, u / g.hk);
+  for (int dim = lane; dim < d_count; dim += 32) {
+    float t = 0.0f;
+    for (int i = 0; i < groups; ++i) t += red[i * d_count + dim];
+    k_mean[u * d_count + dim] = seq.k_len > 0 ? t / static_cast<float>(seq.k_len) : 0.0f;
+  }
+  __syncwarp();  // red is reused by this warp's next mean
+}
+
 // The plain pass: a 1-D grid-stride loop over the items of one or two segments.
 template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
+  __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
   const std::int64_t total = a.seg[0].count + a.seg[1].count;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
+  const int lane = static_cast<int>(threadIdx.x % 32);
   for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < total; w += stride) {
     const bool first = w < a.seg[0].count;
     const Segment* sgp = first ? &a.seg[0] : &a.seg[1];  // __grid_constant__: no copy
     const Segment& sg = *sgp;
     std::int64_t i = first ? w : w - a.seg[0].count;
     if (sg.reverse) i = sg.count - 1 - i;
-    const std::int64_t h = i % sg.heads, b = (i / sg.heads) % sg.nblk, si = i / (sg.heads * sg.nblk);
+    std::int64_t h, b, si;
+    if (a.small) {  // 32-bit divisions (a 64-bit one is a long software sequence)
+      const auto ui = static_cast<std::uint32_t>(i), uh = static_cast<std::uint32_t>(sg.heads);
+      const auto ub = static_cast<std::uint32_t>(sg.nblk);
+      const std::uint32_t q = ui / uh;
+      h = ui - q * uh, b = q % ub, si = q / ub;
+    } else {
+      h = i % sg.heads, b = (i / sg.heads) % sg.nblk, si = i / (sg.heads * sg.nblk);
+    }
     pool_item<T, LANES, PREFETCH, VEC, BATCH>(a.g, sg, si, h, b);
+    if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
+      __threadfence();  // this lane's chunk sums, before the count
+      __syncwarp();
+      unsigned old = 0;
+      if (lane == 0) {
+        __threadfence();  // and, after the warp barrier, the other lanes' sums before lane 0's count
+        old = atomicAdd(sg.done + si * sg.heads + h, 1u);
+      }
+      old = __shfl_sync(0xffffffffu, old, 0);
+      if (old + 1 == static_cast<unsigned>(sg.nblk)) {  // the unit's last chunk: its mean
+        __threadfence();
+        warp_k_mean(a.g, sg.out, sg.mean, sg.nblk, si * sg.heads + h, red_all[threadIdx.x / 32]);
+      }
+    }
   }
 }
 
@@ -250,140 +342,6 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
   }
 }
 
-// ---- Fused pass (smooth_k): one launch, K read once from DRAM ----------------------------------
-// Work items are handed out in one global order by a ticket counter (one atomicAdd per item), in
-// slots p = 0 .. U + L - 1 over the units u = (sequence, kv head), U of them:
-//   slot p: the K chunk sums of unit p (p < U), then, for u = p - L >= 0, the Q blocks of the query
-//   heads of unit u and the pooling of unit u's K blocks (last block first).
-// The warp that adds the last chunk sum of a unit (an integer counter per unit) computes the unit's
-// K mean, in the order of k_mean_kernel (same bits), and publishes it with a release flag; a K
-// pooling item waits for its unit's flag. Between the chunk sums of u and its pooling lie the sums
-// of L more units and the Q blocks of u, so K is pooled while it is still in L2.
-// No deadlock: an item only waits for items with smaller tickets, and a ticket is only taken by a
-// running warp, which finishes its current item before it starts the next; so the smallest
-// unfinished ticket never waits. (A wait longer than ~4 s traps instead of hanging.)
-struct FusedArgs {
-  Geometry g;
-  Segment q, sums, kpool;  // Q pooling, K chunk sums, K pooling (shift = k_mean)
-  const float* k_part = nullptr;
-  float* k_mean = nullptr;
-  std::int64_t nchunks = 0, units = 0, lag = 1, group = 1;  // group = hq / hk
-  std::int64_t qitems = 0, total = 0;                        // per unit: nq * group Q items; all items
-  unsigned long long* ticket = nullptr;
-  unsigned* done = nullptr;   // [units] chunk sums finished
-  unsigned* ready = nullptr;  // [units] 1 once the K mean is published
-};
-
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// The K mean of unit u by one warp, in k_mean_kernel's order: "thread" v = grp * D + dim adds the
-// chunks grp, grp + groups, ... of dim in chunk order (up to 8 such chains per lane, interleaved),
-// then dim adds the groups' sums in group order to 0 and divides by k_len.
-__device__ __forceinline__ void warp_k_mean(const FusedArgs& a, std::int64_t u, float* red) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int d_count = static_cast<int>(a.g.d);
-  const int groups = kPoolThreads / d_count;
-  const int nv = groups * d_count;  // <= kPoolThreads
-  constexpr int kChains = kPoolThreads / 32;
-  const float* part = a.k_part + u * a.nchunks * d_count;
-  float acc[kChains];
-  std::int64_t c0[kChains];
-#pragma unroll
-  for (int j = 0; j < kChains; ++j) {
-    acc[j] = 0.0f;
-    const int v = lane + 32 * j;
-    c0[j] = v < nv ? v / d_count : a.nchunks;  // past nv: no chunks
-  }
-  const std::int64_t steps = (a.nchunks + groups - 1) / groups;
-#pragma unroll 2
-  for (std::int64_t k = 0; k < steps; ++k) {
-#pragma unroll
-    for (int j = 0; j < kChains; ++j) {
-      const std::int64_t c = c0[j] + k * groups;
-      if (c < a.nchunks) acc[j] += __ldcg(part + c * d_count + (lane + 32 * j) % d_count);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kChains; ++j) {
-    if (lane + 32 * j < nv) red[lane + 32 * j] = acc[j];
-  }
-  __syncwarp();
-  const Seq seq = sequence(a.g, u / a.g.hk);
-  for (int dim = lane; dim < d_count; dim += 32) {
-    float t = 0.0f;
-    for (int i = 0; i < groups; ++i) t += red[i * d_count + dim];
-    a.k_mean[u * d_count + dim] = seq.k_len > 0 ? t / static_cast<float>(seq.k_len) : 0.0f;
-  }
-  __syncwarp();  // red is reused by this warp's next mean
-}
-
-template <class T, int LANES, bool PREFETCH, int MINB>
-__global__ void __launch_bounds__(kPoolThreads, MINB) fused_kernel(const __grid_constant__ FusedArgs a) {
-  __shared__ float red_all[kWarps][kPoolThreads];
-  float* red = red_all[threadIdx.x / 32];
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::int64_t nc = a.nchunks, per_b = a.qitems + a.g.nk, U = a.units, L = a.lag;
-  const std::int64_t r1 = L * nc, r2 = (U - L) * (nc + per_b);
-  unsigned long long t = 0;
-  if (lane == 0) t = atomicAdd(a.ticket, 1ull);
-  t = __shfl_sync(0xffffffffu, t, 0);
-  while (t < static_cast<unsigned long long>(a.total)) {
-    unsigned long long next = 0;
-    if (lane == 0) next = atomicAdd(a.ticket, 1ull);  // its latency hides behind this item
-    const auto tk = static_cast<std::int64_t>(t);
-    // Decode: slot p, position j in the slot (j < nc: a chunk sum of unit p; else B part of p - L).
-    std::int64_t p, j;
-    if (tk < r1) {
-      p = tk / nc, j = tk % nc;
-    } else if (tk < r1 + r2) {
-      p = L + (tk - r1) / (nc + per_b), j = (tk - r1) % (nc + per_b);
-    } else {
-      p = U + (tk - r1 - r2) / per_b, j = nc + (tk - r1 - r2) % per_b;
-    }
-    // The item: a chunk sum of unit p (j < nc), else a Q block or a K block of unit p - L.
-    const bool is_sum = j < nc;
-    const std::int64_t u = is_sum ? p : p - L, jb = j - nc;
-    const std::int64_t si = u / a.g.hk, hkv = u % a.g.hk;
-    const bool is_q = !is_sum && jb < a.qitems;
-    const Segment* sgp = is_sum ? &a.sums : (is_q ? &a.q : &a.kpool);  // __grid_constant__: no copy
-    std::int64_t h = hkv, b = j;
-    if (is_q) {
-      h = hkv * a.group + jb % a.group, b = jb / a.group;
-    } else if (!is_sum) {
-      b = a.g.nk - 1 - (jb - a.qitems);  // last block first: the rows the sums read last
-      if (lane == 0) {
-        unsigned spins = 0;
-        while (load_acquire(a.ready + u) == 0) {
-          __nanosleep(100);
-          if (++spins > (1u << 25)) __trap();  // ~4 s: a broken order fails loudly instead of hanging
-        }
-      }
-      __syncwarp();
-      __threadfence();  // the mean is read after the flag (and through L2: __ldcg)
-    }
-    pool_item<T, LANES, PREFETCH, true, kBatch>(a.g, *sgp, si, h, b);
-    if (is_sum) {
-      __threadfence();  // this lane's chunk sums, before the count
-      __syncwarp();
-      unsigned old = 0;
-      if (lane == 0) old = atomicAdd(a.done + u, 1u);
-      old = __shfl_sync(0xffffffffu, old, 0);
-      if (old + 1 == static_cast<unsigned>(nc)) {  // the unit's last chunk: publish its mean
-        __threadfence();
-        warp_k_mean(a, u, red);
-        __threadfence();  // this lane's mean values, before the flag
-        __syncwarp();
-        if (lane == 0) atomicExch(a.ready + u, 1u);
-      }
-    }
-    t = __shfl_sync(0xffffffffu, next, 0);
-  }
-}
-
 // SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows, for timing
 // comparisons; every variant gives the same bits:
 //   base3 (default): no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills);
@@ -399,27 +357,26 @@ PoolVariant pool_variant() {
   return PoolVariant::kBase3;  // the fastest on the H200 (2026-11-30)
 }
 
-// SPARGE_BLOCKMAP_FUSE=1 (read per call) runs smooth_k as the fused single-K-read pass instead of
-// three launches; SPARGE_BLOCKMAP_FUSE_LAG=N sets L (default 2). Same bits either way.
-// OFF by default: on the H200 (2026-11-30 final round) the fused pass took 2.3-2.5 ms at b2 h32
-// s16384 d128 against 0.34-0.40 ms for the three launches (its ticket waits serialise the
-// grid), and one block-map case failed once under it (not reproduced in the other run of the
-// same suite) — see docs/block_map_gpu.md.
-bool fuse_enabled() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_FUSE");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+// SPARGE_BLOCKMAP_KMEAN (read per call; same bits either way): `fold` (default) computes the K
+// mean in pass 1 (the warp that adds a unit's last chunk sum, above); `launch` runs k_mean_kernel
+// as its own launch between the passes.
+bool kmean_folded() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_KMEAN");
+  return !(v != nullptr && std::strcmp(v, "launch") == 0);
 }
-std::int64_t fuse_lag() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_FUSE_LAG");
-  if (v == nullptr || *v == '\0') return 2;
-  const long n = std::strtol(v, nullptr, 10);
-  return n < 0 ? 0 : n;
+// SPARGE_BLOCKMAP_KFIRST=1 (read per call; same bits): pass 1 takes the K chunk sums before the Q
+// blocks (the K means are then ready half way through pass 1, but pass 2 no longer starts on K rows
+// still in L2). Default 0: Q first, K sums last.
+bool k_first() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_KFIRST");
+  return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
 // The 16-bit element type and the lanes per row, as template arguments.
-cudaError_t launch_pass(bool bf16, const PassArgs& a, cudaStream_t st) {
+cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
   const std::int64_t items = a.seg[0].count + a.seg[1].count;
   if (items == 0) return cudaSuccess;
+  a.small = items < (std::int64_t{1} << 31);
   const std::int64_t cols = a.g.d / 8;
   // Both segments read vector rows or the strided kernel runs (it is correct for any input).
   const bool vec = a.seg[0].x.vec && (a.seg[1].count == 0 || a.seg[1].x.vec);
@@ -487,63 +444,6 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
   return sums;
 }
 
-// The fused pass (smooth_k, vector rows of q and k, at least one chunk): one launch.
-cudaError_t launch_fused(const Geometry& g, const Rows& q, const Rows& k, bool bf16, const Scratch& s,
-                         const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st) {
-  FusedArgs a;
-  a.g = g;
-  a.q = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
-  a.sums = k_sums_segment(g, k, s);
-  a.kpool = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
-  a.k_part = s.k_part;
-  a.k_mean = s.k_mean;
-  a.nchunks = s.nchunks;
-  a.units = g.nseq * g.hk;
-  const std::int64_t lag = fuse_lag();
-  a.lag = lag < a.units ? lag : a.units;
-  a.group = g.hq / g.hk;
-  a.qitems = g.nq * a.group;
-  a.total = a.units * (a.nchunks + a.qitems + g.nk);
-  a.ticket = reinterpret_cast<unsigned long long*>(s.sync);
-  a.done = s.sync + 2;
-  a.ready = s.sync + 2 + a.units;
-  cudaError_t e = cudaMemsetAsync(s.sync, 0, static_cast<std::size_t>(2 + 2 * a.units) * sizeof(std::uint32_t), st);
-  if (e != cudaSuccess) return e;
-  int dev = 0, sms = 0;
-  if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-  const PoolVariant variant = pool_variant();
-  const int per_sm = variant == PoolVariant::kBase3 || variant == PoolVariant::kWide ? 3 : 2;
-  // Resident CTAs take the tickets; more CTAs would only find the counter exhausted.
-  const int grid = std::min(grid_for(a.total), sms * per_sm);
-  const std::int64_t cols = g.d / 8;
-  const auto go = [&](auto lanes) {
-    constexpr int L = decltype(lanes)::value;
-    const auto run = [&](auto type) {
-      using T = decltype(type);
-      if (variant == PoolVariant::kPrefetch) {
-        fused_kernel<T, L, true, 2><<<grid, kPoolThreads, 0, st>>>(a);
-      } else if (variant == PoolVariant::kBase) {
-        fused_kernel<T, L, false, 2><<<grid, kPoolThreads, 0, st>>>(a);
-      } else {
-        fused_kernel<T, L, false, 3><<<grid, kPoolThreads, 0, st>>>(a);
-      }
-    };
-    if (bf16) {
-      run(__nv_bfloat16{});
-    } else {
-      run(__half{});
-    }
-    return cudaGetLastError();
-  };
-  if (cols <= 1) return go(std::integral_constant<int, 1>{});
-  if (cols <= 2) return go(std::integral_constant<int, 2>{});
-  if (cols <= 4) return go(std::integral_constant<int, 4>{});
-  if (cols <= 8) return go(std::integral_constant<int, 8>{});
-  if (cols <= 16) return go(std::integral_constant<int, 16>{});
-  return go(std::integral_constant<int, 32>{});
-}
-
 }  // namespace
 
 const char* pool_variant_name() {
@@ -590,17 +490,25 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     marks("pool Q+K");
     return e;
   }
-  if (s.sync != nullptr && s.nchunks > 0 && g.nseq * g.hk > 0 && q.vec && k.vec && fuse_enabled()) {
-    const cudaError_t e = launch_fused(g, q, k, bf16, s, maybe_q_sim, maybe_k_sim, st);
-    marks("pool Q + K fused");
-    return e;
-  }
   p1.seg[1] = k_sums_segment(g, k, s);
-  cudaError_t e = launch_pass(bf16, p1, st);
-  if (e != cudaSuccess) return e;
-  marks("pool Q + K sums");
-  if ((e = launch_k_mean(g, s, st)) != cudaSuccess) return e;
-  marks("K mean");
+  // The fold needs the counters and at least one chunk per unit (Sk = 0: the launch writes zeros).
+  const bool fold = s.k_done != nullptr && s.nchunks > 0 && kmean_folded();
+  cudaError_t e = cudaSuccess;
+  if (fold) {
+    p1.seg[1].done = s.k_done;
+    p1.seg[1].mean = s.k_mean;
+    e = cudaMemsetAsync(s.k_done, 0, static_cast<std::size_t>(g.nseq * g.hk) * sizeof(unsigned), st);
+    if (e != cudaSuccess) return e;
+  }
+  if (k_first()) std::swap(p1.seg[0], p1.seg[1]);
+  if ((e = launch_pass(bf16, p1, st)) != cudaSuccess) return e;
+  if (fold) {
+    marks("pool Q + K sums + K mean");
+  } else {
+    marks("pool Q + K sums");
+    if ((e = launch_k_mean(g, s, st)) != cudaSuccess) return e;
+    marks("K mean");
+  }
 
   PassArgs p2;
   p2.g = g;

@@ -381,6 +381,185 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
   }
 }
 
+// One row by bit search, the whole of steps 1-4 for a warp: raw[i] is the score of key block
+// kb = lane + 32 i (read only for kb < nv). Shared by select_warp_kernel (scores from memory) and
+// score_select_kernel (scores computed in registers), so both give the same bits.
+template <int IPT>
+__device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int64_t si, std::int64_t h,
+                                                  std::int64_t qb, const Seq& seq, const float (&raw)[IPT], int lane) {
+  const Geometry& g = a.g;
+  const std::int64_t row = (si * g.hq + h) * g.nq + qb;
+  const int nv = static_cast<int>(visible_blocks(g, seq, qb));
+  const bool has_threshold = a.rule.has_threshold;
+  const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
+  const bool forced_row = has_threshold && nv > 0 && !(a.s.q_sim[row] > threshold);
+  const float* k_sim = a.s.k_sim + (si * g.hk + h / (g.hq / g.hk)) * g.nk;
+  float sc[IPT];
+  std::uint32_t wk[IPT];
+  bool keep[IPT];
+  int rankable = 0;
+#pragma unroll
+  for (int i = 0; i < IPT; ++i) {
+    const int kb = lane + 32 * i;
+    float s = -INFINITY;
+    bool forced_col = false;
+    if (kb < nv) {
+      // A visible K block that is not self-similar takes no part in the ranking and is kept.
+      forced_col = has_threshold && !(k_sim[kb] > threshold);
+      s = forced_col ? -INFINITY : raw[i];
+    }
+    const bool rank_me = kb < nv && isfinite(s);
+    sc[i] = s;
+    wk[i] = rank_me ? ~order_bits(s) : ~0u;
+    keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
+    rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
+    if (a.maybe_scores.data != nullptr && kb < g.nk) {
+      const Out<float>& o = a.maybe_scores;
+      o.data[si * o.stride[0] + h * o.stride[1] + qb * o.stride[2] + kb * o.stride[3]] = s;
+    }
+  }
+  if (!forced_row && rankable > 0) {  // uniform over the warp
+    select_by_search<IPT>(wk, sc, lane, rankable, nv, a.rule.use_topk, a.rule.value[h], keep);
+  }
+  // The LUT row: kept blocks ascending (ballots in block order), then -1.
+  const Out<std::int32_t>& lut = a.lut;
+  std::int32_t* lut_row = lut.data + si * lut.stride[0] + h * lut.stride[1] + qb * lut.stride[2];
+  const unsigned lanes_below = (1u << lane) - 1u;
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < IPT; ++i) {
+    const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
+    if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
+    count += __popc(bal);
+  }
+  for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
+  if (lane == 0) a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
+}
+
+// ---- pooled scores and selection in one kernel, rows of at most 32 * IPT key blocks --------------
+// A CTA of kSsWarps warps takes kSsWarps * ROWS consecutive query blocks of one (sequence, query
+// head); warp w computes the scores of its ROWS rows in registers (lane l: key blocks l + 32 i) and
+// then selects each row with finish_row_search. The scores never go through memory.
+// The pooled K of the kv head (all key blocks, kDc head-dim columns at a time) and the tile's pooled
+// Q rows are staged in shared memory; every score is the fmaf chain over d = 0 .. D-1 in order
+// followed by * scale, as in scores.cu (same bits, so exact ties stay exact and the two paths agree).
+constexpr int kSsWarps = 8;
+constexpr int kDc = 32;  // head-dim columns per staging step (D is a multiple of 8)
+
+template <int IPT, int ROWS>
+struct SsShared {
+  // pq[r][c]: read as broadcast float4 (rows of 128 bytes). pk[c][kb]: pitch 32 * IPT + 1, so the
+  // staging stores (8 lanes per key block, 4 key blocks per warp) and the reads (32 consecutive
+  // key blocks) are both free of bank conflicts.
+  __align__(16) float pq[kSsWarps * ROWS][kDc];
+  float pk[kDc][32 * IPT + 1];
+};
+
+template <int IPT, int ROWS, int MINB>
+__global__ void __launch_bounds__(kSsWarps * 32, MINB) score_select_kernel(const __grid_constant__ SelectArgs a,
+                                                                            float scale) {
+  constexpr int kQt = kSsWarps * ROWS;  // query blocks per CTA
+  constexpr int kNk = 32 * IPT;         // key-block capacity of a row
+  constexpr int kThreads = kSsWarps * 32;
+  constexpr int kGran = kDc / 4;        // float4 granules per staged row
+  static_assert(ROWS % 4 == 0, "the Q staging takes ROWS / 4 float4 per thread");
+  __shared__ SsShared<IPT, ROWS> sh;
+  const Geometry& g = a.g;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, wid = tid / 32;
+  const std::int64_t tiles = (g.nq + kQt - 1) / kQt;
+  const std::int64_t total = g.nseq * g.hq * tiles;
+  const std::int64_t group = g.hq / g.hk;
+  const int d_count = static_cast<int>(g.d);
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
+    const std::int64_t tq = w % tiles, h = (w / tiles) % g.hq, si = w / (tiles * g.hq);
+    const std::int64_t qb0 = tq * kQt;
+    const Seq seq = sequence(g, si);
+    // Visibility grows with the query block; a tile no row of which sees a key block needs no
+    // scores (its rows come out empty). Uniform over the CTA.
+    const std::int64_t nq_seq = (seq.q_len + g.blkq - 1) / g.blkq;
+    const std::int64_t qb_hi = (qb0 + kQt < nq_seq ? qb0 + kQt : nq_seq) - 1;
+    const bool any = qb_hi >= qb0 && visible_blocks(g, seq, qb_hi) > 0;
+
+    float acc[ROWS][IPT];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) acc[r][i] = 0.0f;
+    }
+    if (any) {
+      const float* pq = a.s.pq + (si * g.hq + h) * g.nq * g.d;
+      const float* pk = a.s.pk + (si * g.hk + h / group) * g.nk * g.d;
+      for (int d0 = 0; d0 < d_count; d0 += kDc) {
+        const int dc = d_count - d0 < kDc ? d_count - d0 : kDc;  // a multiple of 8
+        __syncthreads();  // the previous step's (or work item's) readers are done
+        // The loads of the step in groups of 4 float4 per thread (IPT + ROWS / 4 in all), each
+        // group's loads before its stores; small groups keep the register tile free of spills.
+        constexpr int kPkIter = kNk * kGran / kThreads, kPqIter = kQt * kGran / kThreads;
+        static_assert(kPkIter % 4 == 0, "pk staging in groups of 4");
+#pragma unroll
+        for (int j0 = 0; j0 < kPkIter; j0 += 4) {
+          float4 vk[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int idx = tid + (j0 + j) * kThreads, kb = idx / kGran, c4 = (idx % kGran) * 4;
+            vk[j] = kb < g.nk && c4 < dc ? *reinterpret_cast<const float4*>(pk + kb * g.d + d0 + c4) : zero;
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int idx = tid + (j0 + j) * kThreads, kb = idx / kGran, c4 = (idx % kGran) * 4;
+            sh.pk[c4 + 0][kb] = vk[j].x;
+            sh.pk[c4 + 1][kb] = vk[j].y;
+            sh.pk[c4 + 2][kb] = vk[j].z;
+            sh.pk[c4 + 3][kb] = vk[j].w;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kPqIter; ++j) {
+          const int idx = tid + j * kThreads, r = idx / kGran, c4 = (idx % kGran) * 4;
+          const std::int64_t qb = qb0 + r;
+          *reinterpret_cast<float4*>(&sh.pq[r][c4]) =
+              qb < g.nq && c4 < dc ? *reinterpret_cast<const float4*>(pq + qb * g.d + d0 + c4) : zero;
+        }
+        __syncthreads();
+        for (int c = 0; c < dc; c += 4) {
+          float4 q4[ROWS];
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) q4[r] = *reinterpret_cast<const float4*>(&sh.pq[wid * ROWS + r][c]);
+#pragma unroll
+          for (int cc = 0; cc < 4; ++cc) {
+            float b[IPT];
+#pragma unroll
+            for (int i = 0; i < IPT; ++i) b[i] = sh.pk[c + cc][lane + 32 * i];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+              const float qv = cc == 0 ? q4[r].x : (cc == 1 ? q4[r].y : (cc == 2 ? q4[r].z : q4[r].w));
+#pragma unroll
+              for (int i = 0; i < IPT; ++i) acc[r][i] = fmaf(qv, b[i], acc[r][i]);
+            }
+          }
+        }
+      }
+    }
+    // One row at a time (not unrolled: the selection is long); row r's scores are picked out of
+    // the register tile by predicated moves.
+#pragma unroll 1
+    for (int r = 0; r < ROWS; ++r) {
+      const std::int64_t qb = qb0 + wid * ROWS + r;
+      if (qb >= g.nq) break;  // uniform over the warp
+      float raw[IPT];
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) {
+        float v = acc[0][i];
+#pragma unroll
+        for (int rr = 1; rr < ROWS; ++rr) v = rr == r ? acc[rr][i] : v;
+        raw[i] = v * scale;
+      }
+      finish_row_search<IPT>(a, si, h, qb, seq, raw, lane);
+    }
+  }
+}
+
 // kind: kCount = ranks by counting smaller keys (O(NK^2 / 32) per warp); kSearch = the bit search
 // above (O(32 NK / 32) per warp). Both select the same blocks for top-k; for cdf they add the
 // probabilities in different fp32 orders (both within rounding of the CPU's fp64).
@@ -403,120 +582,123 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __gri
     const std::int64_t qb = row % g.nq, h = (row / g.nq) % g.hq, si = row / (g.nq * g.hq);
     const Seq seq = sequence(g, si);
     const int nv = static_cast<int>(visible_blocks(g, seq, qb));
-    const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
-    const bool forced_row = has_threshold && nv > 0 && !(a.s.q_sim[row] > threshold);
     const float* scores = a.s.scores + row * g.nk;
-    const float* k_sim = a.s.k_sim + (si * g.hk + h / group) * g.nk;
-
-    // ---- 1. items: key = (~order_bits(S) << 32) | kb, ascending = the CPU's order ------------
-    float sc[IPT];
-    std::uint64_t key[IPT];
-    std::uint32_t wk[IPT];
-    bool keep[IPT];
-    int rankable = 0;
+    if constexpr (KIND == WarpKind::kSearch) {
+      float raw[IPT];
 #pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-      const int kb = lane + 32 * i;
-      float s = -INFINITY;
-      bool forced_col = false;
-      if (kb < nv) {
-        forced_col = has_threshold && !(k_sim[kb] > threshold);
-        s = forced_col ? -INFINITY : scores[kb];
-      }
-      const bool rank_me = kb < nv && isfinite(s);
-      sc[i] = s;
-      wk[i] = rank_me ? ~order_bits(s) : ~0u;
-      if constexpr (KIND == WarpKind::kCount) {
+      for (int i = 0; i < IPT; ++i) raw[i] = lane + 32 * i < nv ? scores[lane + 32 * i] : 0.0f;
+      finish_row_search<IPT>(a, si, h, qb, seq, raw, lane);
+    } else {
+      const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
+      const bool forced_row = has_threshold && nv > 0 && !(a.s.q_sim[row] > threshold);
+      const float* k_sim = a.s.k_sim + (si * g.hk + h / group) * g.nk;
+
+      // ---- 1. items: key = (~order_bits(S) << 32) | kb, ascending = the CPU's order ------------
+      float sc[IPT];
+      std::uint64_t key[IPT];
+      std::uint32_t wk[IPT];
+      bool keep[IPT];
+      int rankable = 0;
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) {
+        const int kb = lane + 32 * i;
+        float s = -INFINITY;
+        bool forced_col = false;
+        if (kb < nv) {
+          forced_col = has_threshold && !(k_sim[kb] > threshold);
+          s = forced_col ? -INFINITY : scores[kb];
+        }
+        const bool rank_me = kb < nv && isfinite(s);
+        sc[i] = s;
+        wk[i] = rank_me ? ~order_bits(s) : ~0u;
         key[i] = rank_me ? (static_cast<std::uint64_t>(wk[i]) << 32) | static_cast<std::uint64_t>(kb) : kNone;
         keys[kb] = key[i];
-      }
-      keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
-      rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
-      if (a.maybe_scores.data != nullptr && kb < g.nk) {
-        const Out<float>& o = a.maybe_scores;
-        o.data[si * o.stride[0] + h * o.stride[1] + qb * o.stride[2] + kb * o.stride[3]] = s;
-      }
-    }
-    __syncwarp();
-    const int r = rankable;  // the same in every lane
-
-    // ---- 2./3. the rule (uniform over the warp) ----------------------------------------------
-    if (!forced_row && r > 0) {
-      const float value = a.rule.value[h];
-      if constexpr (KIND == WarpKind::kSearch) {
-        select_by_search<IPT>(wk, sc, lane, r, nv, a.rule.use_topk, value, keep);
-      } else {
-        int rank[IPT] = {};
-        // Keys past nv are kNone and never smaller than a rankable key.
-        for (int j = 0; j < nv; ++j) {
-          const std::uint64_t kj = keys[j];
-#pragma unroll
-          for (int i = 0; i < IPT; ++i) rank[i] += kj < key[i] ? 1 : 0;
+        keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
+        rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
+        if (a.maybe_scores.data != nullptr && kb < g.nk) {
+          const Out<float>& o = a.maybe_scores;
+          o.data[si * o.stride[0] + h * o.stride[1] + qb * o.stride[2] + kb * o.stride[3]] = s;
         }
-        int n;
-        if (a.rule.use_topk) {
-          const auto want = static_cast<std::int64_t>(floor(static_cast<double>(value) * static_cast<double>(nv)));
-          n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
-        } else {
-          float* e = sh.e[wid];
+      }
+      __syncwarp();
+      const int r = rankable;  // the same in every lane
+
+      // ---- 2./3. the rule (uniform over the warp) ----------------------------------------------
+      if (!forced_row && r > 0) {
+        const float value = a.rule.value[h];
+        {
+          int rank[IPT] = {};
+          // Keys past nv are kNone and never smaller than a rankable key.
+          for (int j = 0; j < nv; ++j) {
+            const std::uint64_t kj = keys[j];
+#pragma unroll
+            for (int i = 0; i < IPT; ++i) rank[i] += kj < key[i] ? 1 : 0;
+          }
+          int n;
+          if (a.rule.use_topk) {
+            const auto want = static_cast<std::int64_t>(floor(static_cast<double>(value) * static_cast<double>(nv)));
+            n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
+          } else {
+            float* e = sh.e[wid];
+#pragma unroll
+            for (int i = 0; i < IPT; ++i) {
+              if (key[i] != kNone && rank[i] == 0) sh.top[wid] = sc[i];
+            }
+            __syncwarp();
+            const float top = sh.top[wid];
+#pragma unroll
+            for (int i = 0; i < IPT; ++i) {
+              if (key[i] != kNone) e[rank[i]] = expf(sc[i] - top);
+            }
+            __syncwarp();
+            // Inclusive sum in rank order: lane l holds ranks l*IPT .. l*IPT+IPT-1.
+            float cum[IPT], local = 0.0f;
+#pragma unroll
+            for (int t = 0; t < IPT; ++t) {
+              local += lane * IPT + t < r ? e[lane * IPT + t] : 0.0f;
+              cum[t] = local;
+            }
+            float incl = local;
+#pragma unroll
+            for (int x = 1; x < 32; x <<= 1) {
+              const float y = __shfl_up_sync(0xffffffffu, incl, x);
+              if (lane >= x) incl += y;
+            }
+            const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+            const float z = __shfl_sync(0xffffffffu, incl, 31);
+            int cross = INT_MAX;
+#pragma unroll
+            for (int t = 0; t < IPT; ++t) {
+              const int rk = lane * IPT + t;
+              const float c = lane > 0 ? before + cum[t] : cum[t];
+              if (cross == INT_MAX && rk < r && c / z >= value) cross = rk;
+            }
+            cross = __reduce_min_sync(0xffffffffu, cross);
+            n = cross == INT_MAX ? r : cross + 1;
+          }
 #pragma unroll
           for (int i = 0; i < IPT; ++i) {
-            if (key[i] != kNone && rank[i] == 0) sh.top[wid] = sc[i];
+            if (key[i] != kNone && rank[i] < n) keep[i] = true;
           }
-          __syncwarp();
-          const float top = sh.top[wid];
-#pragma unroll
-          for (int i = 0; i < IPT; ++i) {
-            if (key[i] != kNone) e[rank[i]] = expf(sc[i] - top);
-          }
-          __syncwarp();
-          // Inclusive sum in rank order: lane l holds ranks l*IPT .. l*IPT+IPT-1.
-          float cum[IPT], local = 0.0f;
-#pragma unroll
-          for (int t = 0; t < IPT; ++t) {
-            local += lane * IPT + t < r ? e[lane * IPT + t] : 0.0f;
-            cum[t] = local;
-          }
-          float incl = local;
-#pragma unroll
-          for (int x = 1; x < 32; x <<= 1) {
-            const float y = __shfl_up_sync(0xffffffffu, incl, x);
-            if (lane >= x) incl += y;
-          }
-          const float before = __shfl_up_sync(0xffffffffu, incl, 1);
-          const float z = __shfl_sync(0xffffffffu, incl, 31);
-          int cross = INT_MAX;
-#pragma unroll
-          for (int t = 0; t < IPT; ++t) {
-            const int rk = lane * IPT + t;
-            const float c = lane > 0 ? before + cum[t] : cum[t];
-            if (cross == INT_MAX && rk < r && c / z >= value) cross = rk;
-          }
-          cross = __reduce_min_sync(0xffffffffu, cross);
-          n = cross == INT_MAX ? r : cross + 1;
-        }
-#pragma unroll
-        for (int i = 0; i < IPT; ++i) {
-          if (key[i] != kNone && rank[i] < n) keep[i] = true;
         }
       }
-    }
 
-    // ---- 4. the LUT row: kept blocks ascending (ballots in block order), then -1 ---------------
-    const Out<std::int32_t>& lut = a.lut;
-    std::int32_t* lut_row = lut.data + si * lut.stride[0] + h * lut.stride[1] + qb * lut.stride[2];
-    int count = 0;
+      // ---- 4. the LUT row: kept blocks ascending (ballots in block order), then -1 ---------------
+      const Out<std::int32_t>& lut = a.lut;
+      std::int32_t* lut_row = lut.data + si * lut.stride[0] + h * lut.stride[1] + qb * lut.stride[2];
+      int count = 0;
 #pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-      const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
-      if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
-      count += __popc(bal);
+      for (int i = 0; i < IPT; ++i) {
+        const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
+        if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
+        count += __popc(bal);
+      }
+      for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
+      if (lane == 0) {
+        a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
+      }
+      __syncwarp();  // keys / e / top are rewritten for the next row
     }
-    for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
-    if (lane == 0) {
-      a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
-    }
-    __syncwarp();  // keys / e / top are rewritten for the next row
   }
 }
 
@@ -531,6 +713,27 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
   } else {
     select_warp_kernel<IPT, WarpKind::kSearch><<<grid, 32 * kRowWarps, 0, st>>>(a);
   }
+  return cudaGetLastError();
+}
+
+// SPARGE_BLOCKMAP_SCORESEL (read per call) for rows of at most 256 key blocks: `4` (default) or `8`
+// rows per warp of the fused score_select_kernel (32 or 64 query blocks per CTA; 8 x 8 scores per
+// lane spill a little); `0` runs the scores (scores.cu) and the selection as two launches through
+// memory. Same bits every way.
+int score_select_rows() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_SCORESEL");
+  if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
+  if (v != nullptr && std::strcmp(v, "8") == 0) return 8;
+  return 4;
+}
+
+template <int IPT, int ROWS>
+cudaError_t launch_ss(const SelectArgs& a, float scale, cudaStream_t st) {
+  constexpr int kQt = kSsWarps * ROWS;
+  const std::int64_t ctas = a.g.nseq * a.g.hq * ((a.g.nq + kQt - 1) / kQt);
+  if (ctas == 0) return cudaSuccess;
+  const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
+  score_select_kernel<IPT, ROWS, 2><<<grid, kSsWarps * 32, 0, st>>>(a, scale);
   return cudaGetLastError();
 }
 
@@ -575,6 +778,23 @@ std::size_t select_smem_bytes(std::int64_t nk) {
   if (nk <= 8192) return smem_bytes<1024, 8>();
   if (nk <= kMaxKeyBlocks) return smem_bytes<1024, 16>();
   return 0;
+}
+
+bool score_select_fused(const Geometry& g) { return g.nk <= 256 && score_select_rows() != 0; }
+
+const char* score_select_variant(const Geometry& g) {
+  if (!score_select_fused(g)) return "separate";
+  // rows per warp x key blocks per lane
+  return score_select_rows() == 4 ? (g.nk <= 128 ? "fused 4x4" : "fused 4x8") : (g.nk <= 128 ? "fused 8x4" : "fused 8x8");
+}
+
+cudaError_t launch_score_select(const Geometry& g, float scale, const SelectRule& rule, const Scratch& s,
+                                const Out<std::int32_t>& lut, const Out<std::int32_t>& counts,
+                                const Out<float>& maybe_scores, cudaStream_t st) {
+  const SelectArgs a{g, rule, s, lut, counts, maybe_scores};
+  const bool four = score_select_rows() == 4;
+  if (g.nk <= 128) return four ? launch_ss<4, 4>(a, scale, st) : launch_ss<4, 8>(a, scale, st);
+  return four ? launch_ss<8, 4>(a, scale, st) : launch_ss<8, 8>(a, scale, st);
 }
 
 const char* select_variant(std::int64_t nk) {
