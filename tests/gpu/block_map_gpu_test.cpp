@@ -597,31 +597,36 @@ class ScopedEnv {
 };
 
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
-// as its own launch, K sums first in pass 1, the pooling kernel variants, the scores and the
-// selection as two launches through memory, and 8 rows per warp in the fused scores + selection.
+// as its own launch, K sums first in pass 1, the pooling kernel variants, resident-only pooling
+// grids, the scores and the selection as two launches through memory, and 8 rows per warp in the
+// fused scores + selection.
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
     const char* kmean;
     const char* kfirst;
     const char* pool;
     const char* scoresel;
+    const char* persist;
   };
-  const Setting settings[] = {{"launch", nullptr, nullptr, nullptr},   {nullptr, "1", nullptr, nullptr},
-                              {nullptr, nullptr, "prefetch", nullptr}, {nullptr, nullptr, "base", nullptr},
-                              {"launch", "1", "wide", nullptr},        {nullptr, nullptr, nullptr, "0"},
-                              {nullptr, nullptr, nullptr, "8"},        {"launch", nullptr, "base", "0"}};
+  const Setting settings[] = {
+      {"launch", nullptr, nullptr, nullptr, nullptr},   {nullptr, "1", nullptr, nullptr, nullptr},
+      {nullptr, nullptr, "prefetch", nullptr, nullptr}, {nullptr, nullptr, "base", nullptr, nullptr},
+      {"launch", "1", "wide", nullptr, nullptr},        {nullptr, nullptr, nullptr, "0", nullptr},
+      {nullptr, nullptr, nullptr, "8", nullptr},        {"launch", nullptr, "base", "0", nullptr},
+      {nullptr, nullptr, nullptr, nullptr, "1"},        {nullptr, "1", "prefetch", "8", "1"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
-        pool("SPARGE_BLOCKMAP_POOL", st.pool), scoresel("SPARGE_BLOCKMAP_SCORESEL", st.scoresel);
+        pool("SPARGE_BLOCKMAP_POOL", st.pool), scoresel("SPARGE_BLOCKMAP_SCORESEL", st.scoresel),
+        persist("SPARGE_BLOCKMAP_PERSIST", st.persist);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
-                             " SCORESEL=" + show(st.scoresel);
+                             " SCORESEL=" + show(st.scoresel) + " PERSIST=" + show(st.persist);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))
@@ -985,8 +990,14 @@ void bench_block_map() {
       {1, 4, 262144, 128, 64, 64, false, true},   {1, 16, 65536, 128, 128, 64, false, true},
       {1, 4, 262144, 128, 128, 64, false, true},
   };
+  // SPARGE_BLOCKMAP_BENCH_QUICK=1: only the shape in NHD at 64 x 64, 128 x 64 and 64 x 128
+  // (one run per switch value stays short).
+  const char* quick_env = std::getenv("SPARGE_BLOCKMAP_BENCH_QUICK");
+  const bool quick = quick_env != nullptr && std::string(quick_env) == "1";
+  const auto skip = [&](const Shape& sh) { return quick && (sh.b != 2 || sh.d != 128 || sh.hnd || !sh.smooth); };
   std::size_t max_el = 0, max_lut = 0, max_rows = 0;
   for (const Shape& sh : shapes) {
+    if (skip(sh)) continue;
     const std::int64_t rows = sh.b * sh.h * num_blocks(sh.s, sh.blkq);
     max_el = std::max(max_el, static_cast<std::size_t>(sh.b * sh.s * sh.h * sh.d));
     max_lut = std::max(max_lut, static_cast<std::size_t>(rows * num_blocks(sh.s, sh.blkk)));
@@ -1016,6 +1027,7 @@ void bench_block_map() {
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
   static const float topk = 0.4f, sim = 0.001f;
   for (const Shape& sh : shapes) {
+    if (skip(sh)) continue;
     const std::int64_t nq = num_blocks(sh.s, sh.blkq), nk = num_blocks(sh.s, sh.blkk);
     const std::int64_t B = sh.b, S = sh.s, H = sh.h, D = sh.d;
     BlockMapParams p;

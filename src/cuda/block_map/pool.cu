@@ -372,6 +372,29 @@ bool k_first() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
+// SPARGE_BLOCKMAP_PERSIST=1 (read per call; same bits): the pass grids hold only the CTAs that are
+// resident at once (SMs x occupancy) and each warp walks its items by the grid stride, instead of
+// one CTA per 8 items (a CTA then lives as long as its slowest warp's item).
+bool persist() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_PERSIST");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+// The grid for `kernel`: `grid`, or with persist() at most the resident CTAs. A failed query
+// keeps `grid` (and clears the error it left).
+template <class Kernel>
+int pass_grid(Kernel kernel, int grid) {
+  if (!persist()) return grid;
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPoolThreads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return grid;
+  }
+  const int resident = sms * (per_sm > 0 ? per_sm : 1);
+  return grid < resident ? grid : resident;
+}
+
 // The 16-bit element type and the lanes per row, as template arguments.
 cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
   const std::int64_t items = a.seg[0].count + a.seg[1].count;
@@ -386,16 +409,17 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
     const int grid = grid_for(items);
     const auto run = [&](auto type) {
       using T = decltype(type);
+      const auto go_kernel = [&](auto kernel) { kernel<<<pass_grid(kernel, grid), kPoolThreads, 0, st>>>(a); };
       if (!vec) {
-        pass_kernel<T, L, false, false, 2><<<grid, kPoolThreads, 0, st>>>(a);
+        go_kernel(pass_kernel<T, L, false, false, 2>);
       } else if (variant == PoolVariant::kPrefetch) {
-        pass_kernel<T, L, true, true, 2><<<grid, kPoolThreads, 0, st>>>(a);
+        go_kernel(pass_kernel<T, L, true, true, 2>);
       } else if (variant == PoolVariant::kBase) {
-        pass_kernel<T, L, false, true, 2><<<grid, kPoolThreads, 0, st>>>(a);
+        go_kernel(pass_kernel<T, L, false, true, 2>);
       } else if (variant == PoolVariant::kWide) {
-        pass_kernel<T, L, false, true, 2, 16><<<grid, kPoolThreads, 0, st>>>(a);
+        go_kernel(pass_kernel<T, L, false, true, 2, 16>);
       } else {
-        pass_kernel<T, L, false, true, 3><<<grid, kPoolThreads, 0, st>>>(a);
+        go_kernel(pass_kernel<T, L, false, true, 3>);
       }
     };
     if (bf16) {
