@@ -513,6 +513,12 @@ def run_token(bench, args):
             lists, g, ng = gather_lists(b, hq, hk, sq, sk, n, args.union_rows, swap, q.device)
             counts = torch.full((b, hq, sq), n, dtype=torch.int32, device=q.device)
             overlap = union_overlap(lists, g, ng, sk)
+            # One list per kv head (NSA / DSA-style): indices [b, hk, sq, n], query head h reads list
+            # h // (hq // hk); here the list of each group's first query head (swap 0: the same
+            # attention as the per-query-head lists, whose heads of a group are identical).
+            lists_kv = lists[:, ::hq // hk].contiguous()
+            counts_kv = torch.full((b, hk, sq), n, dtype=torch.int32, device=q.device)
+            overlap_kv = union_overlap(lists_kv, g[:, ::hq // hk], ng, sk)
             del g
         except Exception as e:
             bench.fail_token(f"gather lists swap={swap}", e, extra)
@@ -540,7 +546,31 @@ def run_token(bench, args):
         if len(outs) == 2:
             diff = max_diff(outs[False], outs[True])
             print(f"  {'':<42} max |union - per-row| = {diff:.2e}{'' if diff < 2e-2 else '  MISMATCH'}")
-        del lists, counts, outs
+        print(f"  -- swap {swap}, lists per kv head [b, hk, sq, n]: union overlap (union / sum of the group's "
+              f"{args.union_rows} lists) = {overlap_kv:.4f}")
+        flops_kv = 4.0 * d * n * b * hq * sq  # every query head attends its kv head's full list
+        outs_kv = {}
+        for uni in (False, True):
+            kextra = dict(extra, group_union=uni, lists="per kv head", union_overlap=overlap_kv)
+            row = bench.add_token(
+                f"gather {'union' if uni else 'per-row'} kv-lists swap={swap}",
+                f"sparge CUDA gather_attn group_union={uni} union_rows={args.union_rows}, indices [b, hk, sq, n]",
+                checked_sparge(lambda q_, k_, v_: sparge.gather_attn(q_, k_, v_, lists_kv, counts_kv, group_union=uni,
+                                                                     union_rows=args.union_rows)),
+                [(q, k, v)], flops_kv, "TFLOPS", extra=kextra)
+            if "error" not in row:
+                try:
+                    outs_kv[uni] = sparge.gather_attn(q, k, v, lists_kv, counts_kv, group_union=uni,
+                                                      union_rows=args.union_rows)
+                    row["maxdiff_vs_reference"] = gather_reference_diff(outs_kv[uni], q, k, v, lists_kv, 128, d ** -0.5)
+                    print(f"  {'':<42} max |gather - fp32 reference| (128 rows) = {row['maxdiff_vs_reference']:.2e}"
+                          f"{'' if row['maxdiff_vs_reference'] < 2e-2 else '  MISMATCH'}")
+                    if swap == 0 and uni in outs:  # identical lists in a group: the same attention
+                        same = torch.equal(outs_kv[uni], outs[uni])
+                        print(f"  {'':<42} kv-lists == per-q-head lists bitwise: {same}{'' if same else '  MISMATCH'}")
+                except Exception as e:
+                    print(f"  {'':<42} reference check n/a ({reason_of(e)})")
+        del lists, counts, outs, lists_kv, counts_kv, outs_kv
         torch.cuda.empty_cache()
     del q, k, v
     torch.cuda.empty_cache()

@@ -116,8 +116,10 @@ struct CompactMaskParams {
 struct GatherAttentionParams {
   Tensor q, k, v, o;
   Tensor maybe_lse;  // f32 [B, Hq, Sq]
-  Tensor indices;    // i32 [B, Hq, Sq, n_max]: key positions, -1 padded after counts
-  Tensor counts;     // i32 [B, Hq, Sq]
+  // i32 [B, L, Sq, n_max]: key positions, -1 padded after counts. L = Hq: one list per query head;
+  // L = Hk: one list per kv head (NSA / DSA-style selection), query head h reads list h / (Hq / Hk).
+  Tensor indices;
+  Tensor counts;     // i32 [B, L, Sq], L = indices.shape[1]
   float scale = 0.0f;
   // With is_causal, listed keys after the row's causal bound (j > i + Sk - Sq) are not attended.
   bool is_causal = false;

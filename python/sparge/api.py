@@ -266,7 +266,9 @@ def compact_mask(mask, n_max):
 def gather_attn(q, k, v, indices, counts, is_causal=False, scale=None, group_union=False, return_lse=False,
                 tensor_layout="HND", union_rows=64):
     """Each query row attends its own list of keys: indices [B, Hq, Sq, n_max] (-1 padded after
-    counts [B, Hq, Sq]). With is_causal, listed keys after the row's causal bound are skipped.
+    counts [B, Hq, Sq]), or one list per kv head, indices [B, Hk, Sq, n_max] / counts [B, Hk, Sq]
+    (query head h reads list h // (Hq // Hk)). With is_causal, listed keys after the row's causal
+    bound are skipped.
     group_union only changes how the GPU kernel loads keys (same result up to summation order).
     """
     op = "sparge.gather_attn"

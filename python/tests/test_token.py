@@ -155,6 +155,37 @@ def test_gather_attn(device, causal, group_union, layout):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group_union", [False, True])
+@pytest.mark.parametrize("hq,hk", [(4, 4), (4, 2), (8, 2)])
+def test_gather_attn_kv_head_lists(device, causal, group_union, hq, hk):
+    """indices [B, Hk, Sq, n_max]: query head h reads list h // (Hq // Hk); the same result as the
+    per-query-head layout with each list repeated for the group's heads (bitwise on one backend)."""
+    _skip_unless(device)
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(7 + hq + 2 * hk + 16 * causal + 32 * group_union)
+    b, sq, sk, n_max, d = 2, 70, 200, 40, 64
+    q, k, v = randn_qkv(b, hq, hk, sq, sk, d, dtype, device, "HND", gen)
+    idx, counts = _random_lists(b, hk, sq, sk, n_max, gen, device)
+    o, lse = sparge.gather_attn(q, k, v, idx, counts, is_causal=causal, group_union=group_union, return_lse=True)
+    g = hq // hk
+    idx_q, counts_q = idx.repeat_interleave(g, dim=1), counts.repeat_interleave(g, dim=1)
+    o_q, lse_q = sparge.gather_attn(q, k, v, idx_q, counts_q, is_causal=causal, group_union=group_union,
+                                    return_lse=True)
+    assert torch.equal(o, o_q) and torch.equal(lse, lse_q), "kv-head lists == the per-query-head expansion"
+    mask = _gather_mask(idx_q.cpu(), counts_q.cpu(), sk)
+    if causal:
+        mask = mask & utils.causal_mask(sq, sk)
+    ref_o, ref_lse = ref_attention(q, k, v, mask)
+    assert_close_to_ref(o, ref_o, sdpa_baseline(q, k, v, mask), f"gather kv-lists hq{hq} hk{hk}")
+    assert_lse_close(lse, ref_lse, dtype, f"gather kv-lists hq{hq} hk{hk}")
+    if hq != hk:
+        with pytest.raises(ValueError, match=r"indices.shape\[1\] = 3"):
+            sparge.gather_attn(q, k, v, idx[:, :1].repeat(1, 3, 1, 1).contiguous(),
+                               counts[:, :1].repeat(1, 3, 1).contiguous())
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_topk_then_gather_pipeline(device):
     """The token-level pipeline: scores -> topk_select -> gather_attn equals attention over the top-k keys."""
     _skip_unless(device)

@@ -1,6 +1,7 @@
 // CPU gather attention (docs/semantics.md, "Stage 3"): query row (b, h, i) attends the keys
-// indices[b, h, i, 0:counts[b, h, i]], in list order, with fp64 accumulation (two passes per row:
-// max, then sum), like the dense oracle.
+// indices[b, l, i, 0:counts[b, l, i]], in list order, where l = h with one list per query head
+// (indices.shape[1] == Hq) and l = h / (Hq / Hk) with one list per kv head (indices.shape[1] ==
+// Hk), with fp64 accumulation (two passes per row: max, then sum), like the dense oracle.
 //
 // group_union has no effect here: the union of a group's lists is a loading strategy of the GPU
 // kernel, and since every row stays masked to its own list the per-row computation below is the
@@ -9,8 +10,9 @@
 // The list of every row is checked before it is attended: counts in [0, n_max], every listed key in
 // [0, Sk) (also those that causal masking would skip), and no key listed twice (the union path would
 // count it once, the per-row path twice, so a repeated key has no single meaning). These errors are
-// StatusCode::invalid_argument naming b, h, i, the list position and the value; the lowest failing
-// row is reported, and the outputs are then unspecified.
+// StatusCode::invalid_argument naming the list's b, h (its indices dim 1), i, the list position and
+// the value; the lowest failing row is reported (with kv-head lists: the list of the lowest failing
+// query row, which is also the lowest failing list), and the outputs are then unspecified.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -29,10 +31,11 @@ constexpr const char* kOp = "gather_attention";
 struct Geometry {
   std::int64_t sq, sk, hq, d, n_max;
   std::int64_t group;  // query heads per kv head
+  bool kv_lists;       // one list per kv head: query head h reads list h / group
   double scale;
 };
 
-// Reads row (b, h, i)'s list into `list` after checking it; `seen` is an all-zero scratch of Sk
+// Reads list (b, h, i) (h: the list's head, indices dim 1) into `list` after checking it; `seen` is an all-zero scratch of Sk
 // flags and is all-zero again on return.
 Status read_list(const GatherAttentionParams& p, const Geometry& g, std::int64_t b, std::int64_t h,
                  std::int64_t i, std::vector<std::int32_t>& list, std::vector<std::uint8_t>& seen) {
@@ -76,7 +79,7 @@ Status gather_row(const GatherAttentionParams& p, const Geometry& g, std::int64_
   thread_local std::vector<std::uint8_t> seen;
   thread_local std::vector<double> q, logit, acc;
   if (seen.size() < static_cast<size_t>(g.sk)) seen.assign(static_cast<size_t>(g.sk), 0);
-  SPARGE_RETURN_IF_ERROR(read_list(p, g, b, h, i, list, seen));
+  SPARGE_RETURN_IF_ERROR(read_list(p, g, b, g.kv_lists ? hk : h, i, list, seen));
 
   q.resize(static_cast<size_t>(g.d));
   for (std::int64_t e = 0; e < g.d; ++e) q[static_cast<size_t>(e)] = load_as_float(p.q.data, p.q.dtype, p.q.offset(b, i, h, e));
@@ -134,6 +137,7 @@ Status gather_attention(const GatherAttentionParams& p) {
   g.d = p.q.shape[3];
   g.n_max = p.indices.shape[3];
   g.group = p.q.shape[2] / p.k.shape[2];
+  g.kv_lists = p.indices.shape[1] != g.hq;  // validated: Hq or Hk (equal when Hq == Hk)
   g.scale = p.scale == 0.0f ? 1.0 / std::sqrt(static_cast<double>(g.d)) : static_cast<double>(p.scale);
   const std::int64_t rows = p.q.shape[0] * g.hq * g.sq;
   return for_each_row(rows, p.exec.cpu_threads, [&](std::int64_t r) { return gather_row(p, g, r); });

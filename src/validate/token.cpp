@@ -74,7 +74,14 @@ Status validate(const GatherAttentionParams& p) {
   SPARGE_RETURN_IF_ERROR(check_tensor(op, "indices", p.indices, 4, {DType::i32}));
   SPARGE_RETURN_IF_ERROR(check_strides(op, "indices", p.indices, true));
   SPARGE_RETURN_IF_ERROR(check_dim(op, "indices", p.indices, 0, batch, "q.shape[0] (batch)"));
-  SPARGE_RETURN_IF_ERROR(check_dim(op, "indices", p.indices, 1, hq, "q.shape[2] (Hq)"));
+  // One list per query head (dim 1 = Hq) or one per kv head (dim 1 = Hk: query head h reads list
+  // h / (Hq / Hk), as NSA / DSA-style selectors produce); counts has the same dim 1.
+  const std::int64_t hk = p.k.shape[2];
+  if (p.indices.shape[1] != hq && p.indices.shape[1] != hk) {
+    return bad(op, "indices.shape[1] = ", p.indices.shape[1], " (expected ", hq, " = q.shape[2] (Hq), one list per query head, or ", hk,
+               " = k.shape[2] (Hk), one list per kv head)");
+  }
+  const std::int64_t list_heads = p.indices.shape[1];
   SPARGE_RETURN_IF_ERROR(check_dim(op, "indices", p.indices, 2, sq, "q.shape[1] (Sq)"));
   if (p.indices.shape[3] < 1) return bad(op, "indices.shape[3] (n_max) = ", p.indices.shape[3], " (must be at least 1)");
   if (p.indices.shape[3] > kMaxIndex) return bad(op, "indices.shape[3] (n_max) = ", p.indices.shape[3], " exceeds the int32 range of counts");
@@ -82,7 +89,7 @@ Status validate(const GatherAttentionParams& p) {
   SPARGE_RETURN_IF_ERROR(check_tensor(op, "counts", p.counts, 3, {DType::i32}));
   SPARGE_RETURN_IF_ERROR(check_strides(op, "counts", p.counts, true));
   SPARGE_RETURN_IF_ERROR(check_dim(op, "counts", p.counts, 0, batch, "q.shape[0] (batch)"));
-  SPARGE_RETURN_IF_ERROR(check_dim(op, "counts", p.counts, 1, hq, "q.shape[2] (Hq)"));
+  SPARGE_RETURN_IF_ERROR(check_dim(op, "counts", p.counts, 1, list_heads, "indices.shape[1] (list heads)"));
   SPARGE_RETURN_IF_ERROR(check_dim(op, "counts", p.counts, 2, sq, "q.shape[1] (Sq)"));
 
   if (p.maybe_lse.present()) {

@@ -999,7 +999,7 @@ SPARGE_CASES(TokenGather) {
       {"indices_dtype", [](GatherAttentionParams& p) { p.indices.dtype = DType::f32; }, "indices.dtype = f32"},
       {"indices_ndim", [](GatherAttentionParams& p) { p.indices.ndim = 3; }, "indices.ndim = 3"},
       {"indices_batch", [](GatherAttentionParams& p) { p.indices.shape[0] = 1; }, "indices.shape[0] = 1 (expected 2"},
-      {"indices_heads", [](GatherAttentionParams& p) { p.indices.shape[1] = 2; }, "indices.shape[1] = 2 (expected 4"},
+      {"indices_heads", [](GatherAttentionParams& p) { p.indices.shape[1] = 3; }, "indices.shape[1] = 3 (expected 4"},
       {"indices_rows", [](GatherAttentionParams& p) { p.indices.shape[2] = 6; }, "indices.shape[2] = 6 (expected 5"},
       {"indices_nmax0", [](GatherAttentionParams& p) { p.indices.shape[3] = 0; }, "indices.shape[3] (n_max) = 0"},
       {"indices_negative_stride", [](GatherAttentionParams& p) { p.indices.stride[3] = -1; }, "indices.stride[3] = -1"},

@@ -511,9 +511,13 @@ struct GOut {
 };
 
 // Runs on the GPU (or the CPU backend, with f32 copies of the rounded inputs when t is f32-only).
+// list_heads = 0: indices [b, hq, sq, n_max]; otherwise indices [b, list_heads, sq, n_max] (the
+// per-kv-head layout when list_heads = hk), with idx/cnt overrides of that size.
 GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_rows = 64,
-                const std::vector<std::int32_t>* idx_override = nullptr, const std::vector<std::int32_t>* cnt_override = nullptr) {
+                const std::vector<std::int32_t>* idx_override = nullptr, const std::vector<std::int32_t>* cnt_override = nullptr,
+                std::int64_t list_heads = 0) {
   const GCase& c = g.c;
+  const std::int64_t lh = list_heads > 0 ? list_heads : c.hq;
   const auto& idx = idx_override ? *idx_override : g.idx;
   const auto& cnt = cnt_override ? *cnt_override : g.counts;
   GOut out;
@@ -537,8 +541,8 @@ GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_
     p.v = make_tensor(const_cast<unsigned char*>(vb.data()), c.t, {c.b, c.sk, c.hk, c.d});
     p.o = make_tensor(o.data(), odt, {c.b, c.sq, c.hq, c.d});
     p.maybe_lse = make_tensor(lse.data(), DType::f32, {c.b, c.hq, c.sq});
-    p.indices = make_tensor(const_cast<std::int32_t*>(idx.data()), DType::i32, {c.b, c.hq, c.sq, c.n_max});
-    p.counts = make_tensor(const_cast<std::int32_t*>(cnt.data()), DType::i32, {c.b, c.hq, c.sq});
+    p.indices = make_tensor(const_cast<std::int32_t*>(idx.data()), DType::i32, {c.b, lh, c.sq, c.n_max});
+    p.counts = make_tensor(const_cast<std::int32_t*>(cnt.data()), DType::i32, {c.b, lh, c.sq});
     p.exec = cpu_exec();
     out.st = gather_attention(p);
     out.o = decode_o(std::vector<unsigned char>(o.data(), o.data() + o.size()));
@@ -571,8 +575,8 @@ GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_
   p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
   p.o = make_tensor(o.data(), odt, {c.b, c.sq, c.hq, c.d});
   p.maybe_lse = make_tensor(lse.data(), DType::f32, {c.b, c.hq, c.sq});
-  p.indices = make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
-  p.counts = make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+  p.indices = make_tensor(di.data(), DType::i32, {c.b, lh, c.sq, c.n_max});
+  p.counts = make_tensor(dc.data(), DType::i32, {c.b, lh, c.sq});
   p.exec = gpu_exec();
   out.st = gather_attention(p);
   out.o = decode_o(o.download());
@@ -919,7 +923,7 @@ class ScopedEnv {
   std::string old_;
 };
 
-const char* const kPaths[] = {"default", "mma64", "mma128", "wgmma", "wgmma256"};
+const char* const kPaths[] = {"default", "mma", "mma64", "mma128", "wgmma", "wgmma256", "wgmma64"};
 
 }  // namespace gather_long
 
@@ -1052,7 +1056,7 @@ SPARGE_CASES(GatherGpuPerfPaths) {
                      ASSERT_TRUE(gather_attention(p).ok());
                      SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
                      const std::vector<unsigned char> ref = o.download();
-                     for (const char* path : {"mma64", "mma128", "wgmma", "wgmma256"}) {
+                     for (const char* path : {"mma64", "mma128", "wgmma", "wgmma256", "wgmma64"}) {
                        for (const char* ctas : {"1", "8", "8+overlap4", "8+overlap8"}) {
                          ScopedEnv env("SPARGE_GATHER_PATH", path);
                          ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", std::strncmp(ctas, "1", 1) == 0 ? "1" : "8");
@@ -1090,6 +1094,290 @@ SPARGE_CASES(GatherGpuPerfPaths) {
                                      path, ctas, med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, diff);
                          EXPECT_LE(diff, 2e-2) << path;
                        }
+                     }
+                   }});
+}
+
+
+// ---- gather_attention with one list per kv head (indices [B, Hk, Sq, n_max]) --------------------
+// Query head h reads list h / (Hq / Hk). The problem is built from make_gather's lists: list hk is
+// the list of query head hk * G; the "expanded" problem gives every head of the group that list in
+// the per-query-head layout. Both layouts mean the same attention, and the GPU runs the same tiles
+// over the same unions and masks, so their outputs must be bitwise equal (per-row and union); the
+// CPU backend must agree with itself across layouts bitwise, and the GPU with the fp64 oracle.
+namespace gather_kv {
+
+struct KvLists {
+  std::vector<std::int32_t> idx, counts;  // [b, hk, sq, n_max], [b, hk, sq]
+  GProblem expanded;                      // the same lists, per query head
+};
+
+KvLists kv_lists(const GProblem& g) {
+  const GCase& c = g.c;
+  const std::int64_t grp = c.hq / c.hk;
+  KvLists kv;
+  kv.expanded = g;
+  kv.idx.assign(static_cast<size_t>(c.b * c.hk * c.sq * c.n_max), -1);
+  kv.counts.assign(static_cast<size_t>(c.b * c.hk * c.sq), 0);
+  for (std::int64_t bb = 0; bb < c.b; ++bb)
+    for (std::int64_t h = 0; h < c.hq; ++h)
+      for (std::int64_t i = 0; i < c.sq; ++i) {
+        const std::int64_t hk = h / grp;
+        const std::int64_t src = (bb * c.hq + hk * grp) * c.sq + i;  // the group's first head
+        const std::int64_t dst = (bb * c.hq + h) * c.sq + i;
+        const std::int64_t kvr = (bb * c.hk + hk) * c.sq + i;
+        kv.counts[static_cast<size_t>(kvr)] = g.counts[static_cast<size_t>(src)];
+        kv.expanded.counts[static_cast<size_t>(dst)] = g.counts[static_cast<size_t>(src)];
+        for (int t = 0; t < c.n_max; ++t) {
+          kv.idx[static_cast<size_t>(kvr * c.n_max + t)] = g.idx[static_cast<size_t>(src * c.n_max + t)];
+          kv.expanded.idx[static_cast<size_t>(dst * c.n_max + t)] = g.idx[static_cast<size_t>(src * c.n_max + t)];
+        }
+      }
+  return kv;
+}
+
+// Empties every list of kv head 0 at positions [0, n) (a whole union group without keys).
+void empty_positions(KvLists& kv, std::int64_t n) {
+  const GCase& c = kv.expanded.c;
+  const std::int64_t grp = c.hq / c.hk;
+  for (std::int64_t i = 0; i < std::min(n, c.sq); ++i) {
+    kv.counts[static_cast<size_t>(i)] = 0;
+    for (std::int64_t h = 0; h < grp; ++h) kv.expanded.counts[static_cast<size_t>(h * c.sq + i)] = 0;
+  }
+}
+
+void expect_bitwise(const GOut& a, const GOut& b, const std::string& what) {
+  ASSERT_TRUE(a.st.ok()) << what << ": " << a.st.message();
+  ASSERT_TRUE(b.st.ok()) << what << ": " << b.st.message();
+  ASSERT_EQ(a.o.size(), b.o.size());
+  EXPECT_EQ(std::memcmp(a.o.data(), b.o.data(), a.o.size() * 4), 0) << what << ": O differs";
+  EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << what << ": LSE differs";
+}
+
+}  // namespace gather_kv
+
+SPARGE_CASES(GatherGpuKv) {
+  using gather_kv::KvLists;
+  const GCase shapes[] = {
+      // G = 1 (Hq == Hk: the two layouts coincide), 2, 4, 8; causal; Sq not a multiple of 64 or 7
+      // (tail groups); empty rows; lists shorter than n_max (-1 padding); Sq > Sk.
+      {1, 4, 4, 37, 300, 64, 64, DType::f16, false, false, 0.1, 1},
+      {2, 8, 4, 113, 203, 128, 96, DType::f16, true, false, 0.1, 8},
+      {2, 8, 2, 100, 203, 128, 96, DType::bf16, true, true, 0.2, 8},
+      {1, 16, 4, 130, 1000, 128, 256, DType::f16, false, false, 0.05, 64},
+      {1, 8, 1, 70, 500, 64, 200, DType::bf16, true, false, 0.1, 16},
+      {1, 8, 2, 64, 40, 128, 8, DType::f16, true, false, 0.0, 1},  // Sq > Sk: early rows see nothing
+  };
+  for (const GCase& c : shapes) {
+    const std::string name = gname("GATHER_GPU_KV", c);
+    cases.push_back({name, [c, name] {
+                       const GProblem g = make_gather(c, name);
+                       KvLists kv = gather_kv::kv_lists(g);
+                       gather_kv::empty_positions(kv, 9);  // kv head 0's first 9 positions: empty lists
+                       // The CPU backend, both layouts: the same rows read the same lists in the same order.
+                       const GOut cpu_kv = run_gather(kv.expanded, Backend::cpu, false, 64, &kv.idx, &kv.counts, c.hk);
+                       const GOut cpu_ex = run_gather(kv.expanded, Backend::cpu, false);
+                       if (cpu_kv.st.code() != StatusCode::unsupported) gather_kv::expect_bitwise(cpu_kv, cpu_ex, "cpu kv vs expanded");
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       std::vector<double> o_ref, lse_ref, o_lp, lse_lp;
+                       gather_reference(kv.expanded, false, o_ref, lse_ref);
+                       gather_reference(kv.expanded, true, o_lp, lse_lp);
+                       std::vector<float> o_lpf(o_lp.begin(), o_lp.end());
+                       const double lowp_err = max_abs_err(o_lpf, o_ref);
+                       const GOut per_row = run_gather(kv.expanded, Backend::cuda, false, 64, &kv.idx, &kv.counts, c.hk);
+                       check_gather(per_row, o_ref, lse_ref, lowp_err, "kv per-row");
+                       gather_kv::expect_bitwise(per_row, run_gather(kv.expanded, Backend::cuda, false), "kv per-row vs expanded");
+                       for (int ur : {1, 7, 64}) {
+                         const std::string what = "kv group_union ur=" + std::to_string(ur);
+                         const GOut uni = run_gather(kv.expanded, Backend::cuda, true, ur, &kv.idx, &kv.counts, c.hk);
+                         check_gather(uni, o_ref, lse_ref, lowp_err, what);
+                         gather_kv::expect_bitwise(uni, run_gather(kv.expanded, Backend::cuda, true, ur), what + " vs expanded");
+                         using gather_long::ScopedEnv;
+                         for (const char* path : {"mma", "wgmma64"}) {  // default: wgmma for groups >= 128 rows on sm_90
+                           ScopedEnv e0("SPARGE_GATHER_PATH", path);
+                           const GOut up = run_gather(kv.expanded, Backend::cuda, true, ur, &kv.idx, &kv.counts, c.hk);
+                           check_gather(up, o_ref, lse_ref, lowp_err, what + " path=" + path);
+                           gather_kv::expect_bitwise(up, run_gather(kv.expanded, Backend::cuda, true, ur), what + " path=" + path + " vs expanded");
+                         }
+                         // The union kernel's variants: one CTA / clusters, shared-memory mask
+                         // batches of one list, global atomics (each list's mask to G rows).
+                         for (const char* ctas : {"1", "8"})
+                           for (const char* mrows : {"1", "0"}) {
+                             ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
+                             ScopedEnv e2("SPARGE_GATHER_UNION_MASK_ROWS", mrows);
+                             gather_kv::expect_bitwise(uni, run_gather(kv.expanded, Backend::cuda, true, ur, &kv.idx, &kv.counts, c.hk),
+                                                       what + " ctas=" + ctas + " mask_rows=" + mrows);
+                           }
+                       }
+                       if (cpu_kv.st.code() != StatusCode::unsupported) {
+                         ASSERT_TRUE(cpu_kv.st.ok()) << cpu_kv.st.message();
+                         std::vector<double> co(cpu_kv.o.begin(), cpu_kv.o.end()), cl(cpu_kv.lse.begin(), cpu_kv.lse.end());
+                         check_gather(per_row, co, cl, lowp_err, "kv per-row vs cpu backend");
+                       }
+                     }});
+  }
+  cases.push_back({"GATHER_GPU_KV_RELAUNCH(runs=200x2,per_row+union)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const GCase c{1, 8, 2, 96, 700, 128, 128, DType::f16, true, false, 0.05, 16};
+                     const GProblem g = make_gather(c, "GATHER_GPU_KV_RELAUNCH");
+                     const KvLists kv = gather_kv::kv_lists(g);
+                     for (bool uni : {false, true}) {
+                       const GOut first = run_gather(kv.expanded, Backend::cuda, uni, 64, &kv.idx, &kv.counts, c.hk);
+                       ASSERT_TRUE(first.st.ok()) << first.st.message();
+                       for (int run = 1; run < 200; ++run) {
+                         const GOut again = run_gather(kv.expanded, Backend::cuda, uni, 64, &kv.idx, &kv.counts, c.hk);
+                         ASSERT_EQ(std::memcmp(first.o.data(), again.o.data(), first.o.size() * 4), 0) << "run " << run;
+                         ASSERT_EQ(std::memcmp(first.lse.data(), again.lse.data(), first.lse.size() * 4), 0) << "run " << run;
+                       }
+                     }
+                   }});
+  // Bad lists in the kv layout: list (b, hk, i) = (1, 1, 2) is row 17 of [2, 2, 5]; both backends
+  // name the list by its kv head, with the same message.
+  struct BadList { const char* what; int pos; std::int32_t value; const char* fragment; };
+  const BadList bads[] = {
+      {"index_negative", 1, -1, "indices[1, 1, 2, 1] = -1 is out of range (expected 0..6"},
+      {"index_sk", 0, 7, "indices[1, 1, 2, 0] = 7 is out of range"},
+      {"duplicate", 3, -2, "indices[1, 1, 2, 3] = 0 repeats an earlier entry"},
+      {"counts_above_nmax", -1, 5, "counts[1, 1, 2] = 5 is out of range (expected 0..4"},
+      {"counts_negative", -1, -1, "counts[1, 1, 2] = -1 is out of range"},
+  };
+  for (const BadList& bl : bads) {
+    cases.push_back({Name("GATHER_GPU_KV_BADLIST")("what", bl.what), [bl] {
+                       const GCase c{2, 4, 2, 5, 7, 64, 4, DType::f16, false, false, 0.0, 1};
+                       GProblem g = make_gather(c, "GATHER_GPU_KV_BADLIST");
+                       std::vector<std::int32_t> idx(2 * 2 * 5 * 4), cnt(2 * 2 * 5, 4);
+                       for (std::int64_t r = 0; r < 20; ++r)
+                         for (int t = 0; t < 4; ++t) idx[static_cast<size_t>(r * 4 + t)] = t;
+                       for (std::int64_t r : {std::int64_t{17}, std::int64_t{19}}) {
+                         if (bl.pos < 0) cnt[static_cast<size_t>(r)] = bl.value;
+                         else idx[static_cast<size_t>(r * 4 + bl.pos)] = bl.value == -2 ? 0 : bl.value;
+                       }
+                       std::vector<Backend> backends{Backend::cpu};
+                       if (have_gpu()) backends.push_back(Backend::cuda);
+                       for (Backend be : backends)
+                         for (bool uni : {false, true}) {
+                           const GOut out = run_gather(g, be, uni, 64, &idx, &cnt, 2);
+                           EXPECT_EQ(out.st.code(), StatusCode::invalid_argument);
+                           EXPECT_NE(out.st.message().find(bl.fragment), std::string::npos) << out.st.message();
+                         }
+                     }});
+  }
+  // Shapes: indices.shape[1] must be Hq or Hk; counts.shape[1] must equal indices.shape[1].
+  cases.push_back({"GATHER_KV_VALIDATION", [] {
+                     std::vector<std::uint16_t> q(2 * 3 * 4 * 64), k(2 * 7 * 2 * 64), o(q.size());
+                     std::vector<std::int32_t> idx(2 * 4 * 3 * 4, 0), cnt(2 * 4 * 3, 0);
+                     auto params = [&](std::int64_t idx_heads, std::int64_t cnt_heads) {
+                       GatherAttentionParams p;
+                       p.q = make_tensor(q.data(), DType::f16, {2, 3, 4, 64});
+                       p.k = make_tensor(k.data(), DType::f16, {2, 7, 2, 64});
+                       p.v = p.k;
+                       p.o = make_tensor(o.data(), DType::f16, {2, 3, 4, 64});
+                       p.indices = make_tensor(idx.data(), DType::i32, {2, idx_heads, 3, 4});
+                       p.counts = make_tensor(cnt.data(), DType::i32, {2, cnt_heads, 3});
+                       p.exec = cpu_exec();
+                       return p;
+                     };
+                     EXPECT_TRUE(gather_attention(params(4, 4)).ok());
+                     EXPECT_TRUE(gather_attention(params(2, 2)).ok());
+                     const Status s3 = gather_attention(params(3, 3));
+                     EXPECT_EQ(s3.code(), StatusCode::invalid_argument);
+                     EXPECT_NE(s3.message().find("indices.shape[1] = 3 (expected 4 = q.shape[2] (Hq)"), std::string::npos) << s3.message();
+                     const Status s4 = gather_attention(params(2, 4));
+                     EXPECT_EQ(s4.code(), StatusCode::invalid_argument);
+                     EXPECT_NE(s4.message().find("counts.shape[1] = 4 (expected 2 = indices.shape[1]"), std::string::npos) << s4.message();
+                     const Status s5 = gather_attention(params(4, 2));
+                     EXPECT_NE(s5.message().find("counts.shape[1] = 2 (expected 4 = indices.shape[1]"), std::string::npos) << s5.message();
+                   }});
+  // PERF.md's shape with both list layouts (swap 0: the lists of a group's 4 heads are identical,
+  // so both layouts are the same attention): per-row and union, default and wgmma attention, with
+  // a [gather profile] line (union / attention split of the first wave) after each timing.
+  cases.push_back({"GATHER_GPU_KV_PERF(b=1,hq=32,hk=8,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     using gather_long::ScopedEnv;
+                     const GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
+                     const GProblem g = make_gather(c, "GATHER_GPU_KV_PERF");
+                     const KvLists kv = gather_kv::kv_lists(g);
+                     DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2), o(g.q.size() * 2);
+                     dq.upload(to_bytes(g.q, c.t));
+                     dk.upload(to_bytes(g.k, c.t));
+                     dv.upload(to_bytes(g.v, c.t));
+                     DeviceGuarded<std::int32_t> di(g.idx.size()), dc(g.counts.size()), dik(kv.idx.size()), dck(kv.counts.size());
+                     di.upload(kv.expanded.idx);
+                     dc.upload(kv.expanded.counts);
+                     dik.upload(kv.idx);
+                     dck.upload(kv.counts);
+                     // Union overlap per 64-position group: union / sum of the distinct lists.
+                     double sum_lists = 0, sum_union = 0;
+                     for (std::int64_t hk = 0; hk < c.hk; ++hk)
+                       for (std::int64_t i0 = 0; i0 < c.sq; i0 += 64) {
+                         std::vector<char> seen(static_cast<size_t>(c.sk), 0);
+                         for (std::int64_t i = i0; i < std::min(i0 + 64, c.sq); ++i) {
+                           const std::int64_t row = hk * c.sq + i;
+                           for (int t = 0; t < kv.counts[static_cast<size_t>(row)]; ++t) {
+                             char& f = seen[static_cast<size_t>(kv.idx[static_cast<size_t>(row * c.n_max + t)])];
+                             sum_union += f == 0;
+                             f = 1;
+                           }
+                           sum_lists += kv.counts[static_cast<size_t>(row)];
+                         }
+                       }
+                     GatherAttentionParams p;
+                     p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
+                     p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
+                     p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
+                     p.o = make_tensor(o.data(), c.t, {c.b, c.sq, c.hq, c.d});
+                     p.exec = gpu_exec();
+                     p.union_rows = 64;
+                     const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
+                     std::vector<unsigned char> ref;
+                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; };
+                     const Variant vs[] = {{"q", true, nullptr, nullptr},   {"kv", true, nullptr, nullptr},  {"q", true, "mma", nullptr},
+                                           {"kv", true, "mma", nullptr},    {"q", true, "wgmma64", nullptr}, {"kv", true, "wgmma64", nullptr},
+                                           {"kv", true, nullptr, "4"},      {"kv", true, "wgmma64", "4"},    {"q", false, nullptr, nullptr},
+                                           {"kv", false, nullptr, nullptr}};
+                     for (const Variant& v : vs) {
+                       const bool kvl = std::strcmp(v.layout, "kv") == 0;
+                       p.indices = kvl ? make_tensor(dik.data(), DType::i32, {c.b, c.hk, c.sq, c.n_max})
+                                       : make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
+                       p.counts = kvl ? make_tensor(dck.data(), DType::i32, {c.b, c.hk, c.sq}) : make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+                       p.group_union = v.uni;
+                       ScopedEnv e1("SPARGE_GATHER_PATH", v.path);
+                       ScopedEnv e2("SPARGE_GATHER_OVERLAP", v.overlap);
+                       cudaEvent_t e0, e1v;
+                       SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
+                       SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
+                       std::vector<float> ms;
+                       for (int it = 0; it < 13; ++it) {
+                         SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+                         ASSERT_TRUE(gather_attention(p).ok());
+                         SPARGE_CUDA_CHECK(cudaEventRecord(e1v));
+                         SPARGE_CUDA_CHECK(cudaEventSynchronize(e1v));
+                         float x = 0;
+                         SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1v));
+                         if (it >= 3) ms.push_back(x);
+                       }
+                       cudaEventDestroy(e0);
+                       cudaEventDestroy(e1v);
+                       std::sort(ms.begin(), ms.end());
+                       const double med = ms[ms.size() / 2];
+                       if (v.overlap == nullptr) {
+                         ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
+                         ASSERT_TRUE(gather_attention(p).ok());
+                       }
+                       SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+                       const std::vector<unsigned char> out = o.download();
+                       if (ref.empty()) ref = out;
+                       double diff = 0;
+                       for (size_t i = 0; i + 1 < out.size(); i += 2) {
+                         diff = std::max(diff, static_cast<double>(std::abs(load_as_float(out.data(), c.t, static_cast<std::int64_t>(i / 2)) -
+                                                                          load_as_float(ref.data(), c.t, static_cast<std::int64_t>(i / 2)))));
+                       }
+                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s overlap=%s: median %.3f ms (min %.3f max %.3f), "
+                                   "%.1f TFLOPS on attended keys; union overlap (union / sum of distinct lists per group) = %.4f; "
+                                   "max |O - O(first)| = %.2e\n",
+                                   kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.overlap ? v.overlap : "off", med,
+                                   ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, sum_union / sum_lists, diff);
+                       EXPECT_LE(diff, 2e-2);
                      }
                    }});
 }

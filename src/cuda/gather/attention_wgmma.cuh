@@ -23,11 +23,15 @@
 
 namespace sparge::cuda::gather {
 
-template <int WG>
+// ST = K/V buffers: ST - 1 steps in flight while one computes (3 by default; 2 halves the K/V
+// shared memory so that two 64-row CTAs share an SM at hd128 and, not being in lockstep, overlap
+// one CTA's softmax with the other's MMAs).
+template <int WG, int ST = 3>
 struct WgShape {
+  static_assert(ST == 2 || ST == 3, "2 or 3 K/V stages");
   static constexpr int kThreads = WG * 128;
   static constexpr int kBM = WG * 64;
-  static constexpr int kStages = 3;  // K/V buffers: two steps in flight while one computes
+  static constexpr int kStages = ST;
   // Q (BM rows) + kStages x (K and V, 64 rows each), all rows D * 2 bytes; + 1 KB to align the
   // base to the 1024-byte swizzle atom.
   static constexpr int smem_bytes(int d) { return (kBM + kStages * 2 * kBN) * d * 2 + 1024; }
@@ -69,13 +73,13 @@ __device__ __forceinline__ void load_kv_sw(const AttnArgs& a, const GroupPos& gp
   }
 }
 
-template <class T, int D, int WG>
+template <class T, int D, int WG, int ST = 3>
 __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const AttnArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace wg = ::sparge::cuda::attn::sm90;
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
-  constexpr int kThreads = WgShape<WG>::kThreads;
-  constexpr int kBM = WgShape<WG>::kBM;
+  constexpr int kThreads = WgShape<WG, ST>::kThreads;
+  constexpr int kBM = WgShape<WG, ST>::kBM;
   constexpr int kChunks = D / 8;
   constexpr int kNT = kBN / 8;                  // n-tiles of S
   constexpr int kDT = D / 8;                    // n-tiles of O
@@ -116,7 +120,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
   }
   // Prologue: Q with step 0 as the first commit group, then steps 1 .. kStages - 2, one group
   // each (empty groups past the end keep the count: step blk is always group blk).
-  constexpr int kStages = WgShape<WG>::kStages;
+  constexpr int kStages = WgShape<WG, ST>::kStages;
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < nblk) load_kv_sw<T, D, kThreads>(a, gp, keys, U, st, skv + st * 2 * kTile, skv + st * 2 * kTile + kTile);

@@ -55,6 +55,7 @@ struct AttnChoice {
   AttnKernel kernel = nullptr;
   int threads = 0, smem = 0, tile_rows = 0;
   bool wgmma = false;
+  int stages = 0;  // K/V buffers of the wgmma kernel
 };
 
 bool aligned16(const Tensor& t) {
@@ -66,8 +67,11 @@ bool aligned16(const Tensor& t) {
 }
 
 template <class T, int D>
-AttnChoice pick_kernel(int tile_rows, bool wgmma) {
+AttnChoice pick_kernel(int tile_rows, bool wgmma, int stages = 3) {
   if (wgmma) {
+    if (tile_rows == 64 && stages == 2) {
+      return {gather::attention_wgmma_kernel<T, D, 1, 2>, gather::WgShape<1, 2>::kThreads, gather::WgShape<1, 2>::smem_bytes(D), 64, true, 2};
+    }
     if (tile_rows == 64) return {gather::attention_wgmma_kernel<T, D, 1>, gather::WgShape<1>::kThreads, gather::WgShape<1>::smem_bytes(D), 64};
     if (tile_rows == 128) return {gather::attention_wgmma_kernel<T, D, 2>, gather::WgShape<2>::kThreads, gather::WgShape<2>::smem_bytes(D), 128};
     return {gather::attention_wgmma_kernel<T, D, 4>, gather::WgShape<4>::kThreads, gather::WgShape<4>::smem_bytes(D), 256};
@@ -96,27 +100,41 @@ int device_major() {
 //   mma64, mma128   the portable mma.sync kernel (attention.cuh) with 64- / 128-row tiles;
 //   wgmma           the sm_90a kernel (attention_wgmma.cuh), 64-row tiles for groups of at most 64
 //                   rows, else 128; wgmma256: 256-row tiles for groups of more than 128 rows;
-//   unset / other   the portable kernel, 128-row tiles for groups of at least 128 rows, else 64.
+//   wgmma64         64-row tiles with 2 K/V stages (84 KB at hd128: two CTAs per SM that are not
+//                   in lockstep, so one's softmax overlaps the other's MMAs; each CTA gathers
+//                   the group's K/V itself, twice the L2 reads of 128-row tiles);
+//   mma             the portable kernel, 128-row tiles for groups of at least 128 rows, else 64;
+//   unset / other   on sm_90: "wgmma" for groups of at least 128 rows (union groups; H200
+//                   2026-11-30, 256-row groups: attention 0.154 ms against 0.179 / 0.190 for
+//                   mma64 / mma128), else "mma"; elsewhere "mma".
 // The wgmma kernels exist for sm_90 only; elsewhere a wgmma request takes the portable default.
 // (A per-row group is Hq/Hk rows, so a taller tile than the group is empty rows.)
 AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   const char* e = std::getenv("SPARGE_GATHER_PATH");
-  const std::string req = e != nullptr ? e : "";
+  std::string req = e != nullptr ? e : "";
+  if (req != "mma" && req != "mma64" && req != "mma128" && req != "wgmma" && req != "wgmma256" && req != "wgmma64") {
+    req = group_rows >= 128 ? "wgmma" : "mma";
+  }
   bool wgmma = false;
   int tile = group_rows >= 128 ? 128 : 64;
   if (req == "mma64") tile = 64;
   if (req == "mma128") tile = 128;
-  if ((req == "wgmma" || req == "wgmma256") && major == 9) {
+  int stages = 3;
+  if ((req == "wgmma" || req == "wgmma256" || req == "wgmma64") && major == 9) {
     wgmma = true;
     tile = group_rows <= 64 ? 64 : (req == "wgmma256" && group_rows > 128 ? 256 : 128);
+    if (req == "wgmma64") {
+      tile = 64;
+      stages = 2;
+    }
   }
   const bool f16 = plan.dtype == DType::f16;
   if (wgmma) {
     // Only an sm_90a build has the wgmma body (a compute_80 PTX JIT-compiled for the device
     // would trap): take the portable kernel otherwise.
-    const AttnChoice c = plan.d == 64 ? (f16 ? pick_kernel<__half, 64>(tile, true) : pick_kernel<__nv_bfloat16, 64>(tile, true))
-                                      : (f16 ? pick_kernel<__half, 128>(tile, true) : pick_kernel<__nv_bfloat16, 128>(tile, true));
-    if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return {c.kernel, c.threads, c.smem, c.tile_rows, true};
+    const AttnChoice c = plan.d == 64 ? (f16 ? pick_kernel<__half, 64>(tile, true, stages) : pick_kernel<__nv_bfloat16, 64>(tile, true, stages))
+                                      : (f16 ? pick_kernel<__half, 128>(tile, true, stages) : pick_kernel<__nv_bfloat16, 128>(tile, true, stages));
+    if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return {c.kernel, c.threads, c.smem, c.tile_rows, true, stages};
     wgmma = false;
     tile = group_rows >= 128 ? 128 : 64;
   }
@@ -124,9 +142,9 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   return f16 ? pick_kernel<__half, 128>(tile, wgmma) : pick_kernel<__nv_bfloat16, 128>(tile, wgmma);
 }
 
-// CTAs per group of the union kernel: a cluster of up to 8 on sm_90 (at least 16 rows per CTA),
-// 1 elsewhere. SPARGE_GATHER_UNION_CTAS = 1, 2, 4 or 8 overrides it (at least one row per CTA;
-// values above 1 on sm_90 only).
+// CTAs per group of the union kernel: a cluster of up to 8 on sm_90 (at least 16 lists per CTA),
+// 1 elsewhere. SPARGE_GATHER_UNION_CTAS = 1, 2, 4 or 8 overrides it (at least one list per CTA;
+// values above 1 on sm_90 only). group_rows counts the group's lists (units).
 int union_ctas(int group_rows, int major) {
   if (major < 9 || !sm90_binary(reinterpret_cast<const void*>(gather::union_kernel))) return 1;
   if (const char* e = std::getenv("SPARGE_GATHER_UNION_CTAS")) {
@@ -197,11 +215,14 @@ struct StreamBuffer {
   }
 };
 
-// The error of row `row` (linear (b * Hq + h) * Sq + i), found the way the CPU backend finds it.
+// The error of list `row` (linear (b * L + h) * Sq + i, L = indices.shape[1]), found the way the
+// CPU backend finds it. (With kv-head lists the lowest failing list is the list of the lowest
+// failing query row, the one the CPU backend reports.)
 Status describe_bad_row(const GatherAttentionParams& p, const gather::Geometry& geo, std::uint64_t row) {
+  const std::int64_t heads = p.indices.shape[1];
   const auto i = static_cast<std::int64_t>(row % static_cast<std::uint64_t>(geo.sq));
-  const auto h = static_cast<std::int64_t>((row / static_cast<std::uint64_t>(geo.sq)) % static_cast<std::uint64_t>(geo.hq));
-  const auto b = static_cast<std::int64_t>(row / static_cast<std::uint64_t>(geo.sq * geo.hq));
+  const auto h = static_cast<std::int64_t>((row / static_cast<std::uint64_t>(geo.sq)) % static_cast<std::uint64_t>(heads));
+  const auto b = static_cast<std::int64_t>(row / static_cast<std::uint64_t>(geo.sq * heads));
   const std::int64_t n_max = p.indices.shape[3];
   std::int32_t n = 0;
   if (cudaMemcpy(&n, p.counts.ptr<std::int32_t>() + p.counts.offset(b, h, i), 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
@@ -294,14 +315,17 @@ struct Profile {
       if (x != nullptr) cudaEventDestroy(x);
     }
   }
-  void report(int ctas, int mask_rows, int tile_rows, bool wgmma, std::int64_t groups, std::int64_t wave) {
+  void report(int ctas, int mask_rows, int tile_rows, bool wgmma, int stages, int list_rep, std::int64_t groups, std::int64_t wave) {
     float u = 0, a = 0;
     if (cudaEventSynchronize(ev[2]) != cudaSuccess || cudaEventElapsedTime(&u, ev[0], ev[1]) != cudaSuccess ||
         cudaEventElapsedTime(&a, ev[1], ev[2]) != cudaSuccess) {
       return;
     }
-    std::fprintf(stderr, "[gather profile] wave 0 of %lld groups (wave %lld): union %.3f ms (ctas %d, mask_rows %d), attention %.3f ms (%s, BM %d)\n",
-                 static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, mask_rows, a, wgmma ? "wgmma" : "mma.sync", tile_rows);
+    std::fprintf(stderr,
+                 "[gather profile] wave 0 of %lld groups (wave %lld): union %.3f ms (ctas %d, mask_rows %d, %s lists), attention %.3f ms "
+                 "(%s, BM %d%s)\n",
+                 static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, mask_rows, list_rep > 1 ? "kv-head" : "per-row", a,
+                 wgmma ? "wgmma" : "mma.sync", tile_rows, wgmma && stages == 2 ? ", 2 stages" : "");
   }
 };
 
@@ -332,8 +356,11 @@ Status gather_attention(const GatherAttentionParams& p) {
   if (total_groups == 0) return {};
 
   const int n_max = static_cast<int>(p.indices.shape[3]);
+  // One list per query head (rep 1) or per kv head (rep G: the G rows of a position share it).
+  const int list_rep = p.indices.shape[1] != geo.hq ? geo.g : 1;
+  const int units = geo.rows / list_rep;  // lists per group
   gather::Scratch sc{};
-  sc.ucap = std::min<std::int64_t>(geo.sk, static_cast<std::int64_t>(geo.rows) * n_max);
+  sc.ucap = std::min<std::int64_t>(geo.sk, static_cast<std::int64_t>(units) * n_max);
   sc.words_cap = (sc.ucap + 63) / 64;
   const std::int64_t per_group = 4 + sc.ucap * 4 + sc.words_cap * geo.rows * 8;
   std::int64_t wave = std::clamp<std::int64_t>(kScratchBudget / per_group, 1, std::min<std::int64_t>(total_groups, 65535));
@@ -370,6 +397,8 @@ Status gather_attention(const GatherAttentionParams& p) {
   ua.n0 = p.counts.stride[0];
   ua.n1 = p.counts.stride[1];
   ua.n2 = p.counts.stride[2];
+  ua.list_heads = p.indices.shape[1];
+  ua.list_rep = list_rep;
   ua.n_max = n_max;
   ua.words_k = static_cast<int>((geo.sk + 31) / 32);
   ua.scratch = sc;
@@ -385,7 +414,7 @@ Status gather_attention(const GatherAttentionParams& p) {
   int union_smem = 0;
   auto set_ctas = [&](int ctas) {
     ua.ctas = ctas;
-    ua.rows_per_cta = (geo.rows + ctas - 1) / ctas;
+    ua.rows_per_cta = (units + ctas - 1) / ctas;
     const std::int64_t mask_row_bytes = (sc.words_cap + 1) * 8;
     const std::int64_t budget = std::min<std::int64_t>(kMaskSmem, kMaxUnionSmem - ua.mask_off);
     ua.mask_rows = static_cast<int>(std::clamp<std::int64_t>(budget / mask_row_bytes, 0, ua.rows_per_cta));
@@ -398,7 +427,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     union_smem = ua.mask_off + static_cast<int>(ua.mask_rows * mask_row_bytes);
   };
   const int major = device_major();
-  set_ctas(union_ctas(geo.rows, major));
+  set_ctas(union_ctas(units, major));
 
   gather::AttnArgs aa{};
   aa.geo = geo;
@@ -424,6 +453,11 @@ Status gather_attention(const GatherAttentionParams& p) {
   const int attn_threads = ac.threads, attn_smem = ac.smem, tile_rows = ac.tile_rows;
   e = cudaFuncSetAttribute(gather::union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
   if (e == cudaSuccess) e = cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem);
+  // A hint (two 84 KB CTAs of the 2-stage wgmma kernel per SM need the largest carveout); its
+  // failure would only cost occupancy, so it is cleared rather than reported.
+  if (e == cudaSuccess && cudaFuncSetAttribute(attn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
   if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
   const unsigned row_tiles = static_cast<unsigned>((geo.rows + tile_rows - 1) / tile_rows);
   Profile prof(stream);
@@ -491,7 +525,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     }
   }
   side.join();  // the flags are written by union kernels on the side stream
-  if (prof.on) prof.report(ua.ctas, ua.mask_rows, tile_rows, ac.wgmma, total_groups, wave);
+  if (prof.on) prof.report(ua.ctas, ua.mask_rows, tile_rows, ac.wgmma, ac.stages, list_rep, total_groups, wave);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
   e = fl.fetch();

@@ -37,9 +37,15 @@ constexpr int kUnionMaxCtas = 8;  // portable cluster size limit
 
 struct UnionArgs {
   Geometry geo;
-  const std::int32_t* indices;  // [B, Hq, Sq, n_max]
+  const std::int32_t* indices;  // [B, L, Sq, n_max], L = list_heads
   std::int64_t x0, x1, x2, x3;
-  const std::int32_t* counts;   // [B, Hq, Sq]
+  const std::int32_t* counts;   // [B, L, Sq]
+  std::int64_t list_heads;      // L: Hq (one list per query head) or Hk (one per kv head)
+  // Group rows sharing one list: 1 with per-query-head lists; G = Hq / Hk with per-kv-head lists,
+  // where the G rows gr = pos * G + head of a position read the same list. The kernel works on
+  // "units" (one list each: units = rows / list_rep), reads each list once and writes its mask to
+  // the unit's list_rep rows.
+  int list_rep;
   std::int64_t n0, n1, n2;
   int n_max;
   std::int64_t first_group;
@@ -48,13 +54,13 @@ struct UnionArgs {
   unsigned long long* flags;  // FlagWord
   bool vec4;         // x3 == 1, every row 16-byte aligned and n_max % 4 == 0: int4 loads
   int ctas;          // CTAs per group; > 1 only in a cluster launch of that size (sm_90)
-  int rows_per_cta;  // ceil(geo.rows / ctas)
-  int mask_rows;     // rows whose masks fit in shared memory at once; 0: global atomics
+  int rows_per_cta;  // units per CTA: ceil(geo.rows / list_rep / ctas)
+  int mask_rows;     // units whose masks fit in shared memory at once; 0: global atomics
   int mask_off;      // byte offset of the shared mask area (after bitmap and ranks)
 };
 
-// Calls fn(gr, row_id, j) for every valid, causally visible entry of every row gr in
-// [r_begin, r_end) of the group, one warp per row.
+// Calls fn(unit, row_id, j) for every valid, causally visible entry of every unit (list) in
+// [r_begin, r_end) of the group, one warp per list; row_id = (b * L + l) * Sq + i names the list.
 template <class Fn>
 __device__ __forceinline__ void for_each_entry(const UnionArgs& a, const GroupPos& gp, int r_begin, int r_end,
                                                bool record, Fn&& fn) {
@@ -63,9 +69,12 @@ __device__ __forceinline__ void for_each_entry(const UnionArgs& a, const GroupPo
   const int warp = static_cast<int>(threadIdx.x >> 5);
   constexpr int kWarps = kUnionThreads / 32;
   for (int gr = r_begin + warp; gr < r_end; gr += kWarps) {
-    const std::int64_t i = gp.i0 + gr / geo.g;
-    const std::int64_t h = gp.hk * geo.g + gr % geo.g;
-    const std::uint64_t row_id = static_cast<std::uint64_t>((gp.b * geo.hq + h) * geo.sq + i);
+    // Per-query-head lists: unit gr is row gr (position gr / G, head gr % G). Per-kv-head lists:
+    // unit gr is position gr, list head = the kv head. (G == 1: both agree.)
+    const bool per_row = a.list_rep == 1;
+    const std::int64_t i = gp.i0 + (per_row ? gr / geo.g : gr);
+    const std::int64_t h = per_row ? gp.hk * geo.g + gr % geo.g : gp.hk;
+    const std::uint64_t row_id = static_cast<std::uint64_t>((gp.b * a.list_heads + h) * geo.sq + i);
     int cnt = a.counts[gp.b * a.n0 + h * a.n1 + i * a.n2];
     if (cnt < 0 || cnt > a.n_max) {
       if (record && lane == 0) flags::record(&a.flags[kBadCount], row_id, static_cast<std::uint32_t>(cnt));
@@ -120,8 +129,10 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
   const int crank = static_cast<int>(blockIdx.x % a.ctas);  // the cluster rank: clusters are (ctas, 1, 1)
   const GroupPos gp = group_pos(a.geo, a.first_group + w);
   const Scratch& s = a.scratch;
-  const int r_begin = min(gp.rows, crank * a.rows_per_cta);
-  const int r_end = min(gp.rows, r_begin + a.rows_per_cta);
+  const int rep = a.list_rep;
+  const int units = gp.rows / rep;  // gp.rows = positions * G, and rep is 1 or G
+  const int r_begin = min(units, crank * a.rows_per_cta);  // this CTA's units
+  const int r_end = min(units, r_begin + a.rows_per_cta);
 
   // Phase A: this CTA's rows' keys.
   for (int i = tid; i < a.words_k; i += kUnionThreads) bitmap[i] = 0;
@@ -179,7 +190,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
     return rank[j >> 5] + __popc(bitmap[j >> 5] & ((1u << (j & 31)) - 1u));
   };
 
-  // Phase B: masks of this CTA's rows.
+  // Phase B: masks of this CTA's units; unit r's mask is the mask of rows r * rep .. r * rep + rep - 1.
   if (a.mask_rows > 0) {
     const int ms = words_u | 1;  // odd stride in 8-byte words: the store loop's reads hit distinct banks
     for (int rb = r_begin; rb < r_end; rb += a.mask_rows) {
@@ -199,22 +210,27 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
         if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
       });
       __syncthreads();
-      for (int i = tid; i < words_u * nr; i += kUnionThreads) {
-        const int word = i / nr, lr = i - word * nr;
-        gmask[static_cast<std::int64_t>(word) * a.geo.rows + rb + lr] = smask[lr * ms + word];
+      // Row rb * rep + lr of the group gets unit rb + lr / rep's mask (coalesced over rows).
+      const int nrows = nr * rep;
+      for (int i = tid; i < words_u * nrows; i += kUnionThreads) {
+        const int word = i / nrows, lr = i - word * nrows;
+        gmask[static_cast<std::int64_t>(word) * a.geo.rows + rb * rep + lr] = smask[(lr / rep) * ms + word];
       }
     }
   } else {
-    const int nr = r_end - r_begin;
-    for (int i = tid; i < words_u * nr; i += kUnionThreads) {
-      const int word = i / nr, lr = i - word * nr;
-      gmask[static_cast<std::int64_t>(word) * a.geo.rows + r_begin + lr] = 0;
+    const int nrows = (r_end - r_begin) * rep;
+    for (int i = tid; i < words_u * nrows; i += kUnionThreads) {
+      const int word = i / nrows, lr = i - word * nrows;
+      gmask[static_cast<std::int64_t>(word) * a.geo.rows + r_begin * rep + lr] = 0;
     }
     __syncthreads();  // ranks ready, zeroed masks visible to the block
-    for_each_entry(a, gp, r_begin, r_end, false, [&](int gr, std::uint64_t row_id, std::int32_t j) {
+    for_each_entry(a, gp, r_begin, r_end, false, [&](int unit, std::uint64_t row_id, std::int32_t j) {
       const std::uint32_t u = union_pos(j);
       const unsigned long long bit = 1ull << (u & 63);
-      const unsigned long long old = atomicOr(&gmask[static_cast<std::int64_t>(u >> 6) * a.geo.rows + gr], bit);
+      unsigned long long* word = gmask + static_cast<std::int64_t>(u >> 6) * a.geo.rows + unit * rep;
+      // Every row of the unit receives the same ORs, so the first row's old value tells a repeat.
+      const unsigned long long old = atomicOr(word, bit);
+      for (int r = 1; r < rep; ++r) atomicOr(word + r, bit);
       if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
     });
   }
