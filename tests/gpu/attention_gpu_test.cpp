@@ -57,6 +57,10 @@ struct Cfg {
   float scale = 0.0f;
   float q_mul = 1.0f;   // multiplies q (logit spread tests)
   bool pv_probe = false;  // inputs built so that pv_threshold skips blocks that matter
+  // Inputs built so that pv_threshold decisions differ between rows, warps, warpgroups and the two
+  // halves of paired tiles, all far from their threshold (make_problem, "pv pattern").
+  bool pv_pattern = false;
+  int variant = -1;  // SPARGE_SM90_VARIANT for this case (-1: as the environment has it)
   const char* path = nullptr;  // SPARGE_ATTN_PATH forced for this case ("portable"), or the selected one
   // Extra absolute noise for the logit-spread cases: with logits ~1e3..1e4 an fp32 logit carries
   // ~1e-2 of rounding (tensor-core and sequential sums round differently), which moves the few
@@ -82,6 +86,8 @@ struct Cfg {
     if (scale != 0) n("scale", scale);
     if (q_mul != 1) n("qmul", q_mul);
     if (pv_probe) n("probe", 1);
+    if (pv_pattern) n("pattern", 1);
+    if (variant >= 0) n("v", variant);
     if (path != nullptr) n("path", path);
     return n.str();
   }
@@ -103,6 +109,28 @@ class ScopedPath {
   }
   ScopedPath(const ScopedPath&) = delete;
   ScopedPath& operator=(const ScopedPath&) = delete;
+
+ private:
+  bool set_, had_old_ = false;
+  std::string old_;
+};
+
+// Sets SPARGE_SM90_VARIANT for one scope (< 0: leave it as the environment has it).
+class ScopedVariant {
+ public:
+  explicit ScopedVariant(int v) : set_(v >= 0) {
+    if (!set_) return;
+    const char* old = std::getenv("SPARGE_SM90_VARIANT");
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    setenv("SPARGE_SM90_VARIANT", std::to_string(v).c_str(), 1);
+  }
+  ~ScopedVariant() {
+    if (!set_) return;
+    if (had_old_) setenv("SPARGE_SM90_VARIANT", old_.c_str(), 1); else unsetenv("SPARGE_SM90_VARIANT");
+  }
+  ScopedVariant(const ScopedVariant&) = delete;
+  ScopedVariant& operator=(const ScopedVariant&) = delete;
 
  private:
   bool set_, had_old_ = false;
@@ -232,6 +260,39 @@ Problem make_problem(const Cfg& c) {
           }
         }
   }
+  if (c.pv_pattern) {
+    // Row classes (position in the query block): A = rows 0..47 of the first 64 (warps 0-2 of
+    // consumer warpgroup 0), B = rows 64..111 (warps 0-2 of warpgroup 1, BLKQ 128), C = the last
+    // 16 rows of each 64 (warp 3 of each warpgroup). A row of class c has q[c] = 2 and zeros
+    // elsewhere; a key of block kb has k[c] = 3 when the block is "high" for class c and 0
+    // otherwise, so every logit is exactly 6 or 0 (scale 1). Block types (kb % 6, levels of
+    // A B C): 0, 4 HHH; 1, 5 LLL; 2 LHL (only B high); 3 LLH (only C high). With pv_threshold 4
+    // (log2 units) a low block after a high one has (x - m) + thr = -6 log2(e) + 4 = -4.66 and a
+    // high block 0 + 4 = +4: every row test is far from its threshold. V = 100 + 10 N(0, 1): a
+    // low block's keys weigh e^-6 each, so skipping (or not skipping) one moves O by ~0.1, far
+    // above the tolerance (~1e-3 at |O| ~ 100). The LUT rows are built below.
+    if (c.d < 3) std::abort();
+    std::fill(p.q.v.begin(), p.q.v.end(), 0.0f);
+    std::fill(p.k.v.begin(), p.k.v.end(), 0.0f);
+    for (float& x : p.v.v) x = 100.0f + 10.0f * x;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < tq; ++s) {
+        const int l = static_cast<int>(s % c.blkq);
+        const int cls = l % 64 >= 48 ? 2 : (l >= 64 ? 1 : 0);
+        for (int h = 0; h < c.hq; ++h) p.q.at(b, s, h, cls) = 2.0f;
+      }
+    const int nkb = static_cast<int>(num_blocks(tk, c.blkk));
+    for (int h = 0; h < c.hk; ++h)
+      for (int kb = 0; kb < nkb; ++kb)
+        for (int cls = 0; cls < 3; ++cls) {
+          const int type = kb % 6;
+          const bool is_high = type == 0 || type == 4 || (type == 2 && cls == 1) || (type == 3 && cls == 2);
+          if (!is_high) continue;
+          for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t s = static_cast<std::int64_t>(kb) * c.blkk; s < std::min<std::int64_t>(tk, (kb + 1LL) * c.blkk); ++s)
+              p.k.at(b, s, h, cls) = 3.0f;
+        }
+  }
   p.q.v = round_through(p.q.v, c.dt);
   p.k.v = round_through(p.k.v, c.dt);
   p.v.v = round_through(p.v.v, c.dt);
@@ -253,6 +314,29 @@ Problem make_problem(const Cfg& c) {
           if (take) sel.push_back(kb);
         }
         if (c.lut == Lut::one && nk_seq > 0) sel.push_back(static_cast<int>(u(rng) * nk_seq) % nk_seq);
+        if (c.pv_pattern) {
+          // Pairs (consecutive visible entries, as the paired kernel forms them) of every kind:
+          // a row opens with (L, H) or (H, L) (even / odd query block: a first block is never
+          // skipped; the second is, after H), then (L, H): only the first skipped, (H, L): only
+          // the second, (L, L): both, (LHL, LLH): neither for BLKQ 128 (B rows, resp. C rows,
+          // see them high), while warpgroup 0's rows alone would skip the first; for BLKQ 64 the
+          // first is skipped and the second is not (only warp 3 sees it high), (H, H): neither,
+          // then one L: an odd count, a skipped half tile. Blocks of each type are taken in a
+          // rotated order per (head, query block); a type with no block left is left out.
+          std::vector<int> pool[4];  // H, L, LHL, LLH
+          for (int kb = 0; kb < nk_seq; ++kb) {
+            const int type = kb % 6;
+            pool[type == 0 || type == 4 ? 0 : type == 1 || type == 5 ? 1 : type == 2 ? 2 : 3].push_back(kb);
+          }
+          for (auto& v : pool)
+            if (!v.empty()) std::rotate(v.begin(), v.begin() + (h + qb) % v.size(), v.end());
+          const int first[2][2] = {{1, 0}, {0, 1}};
+          std::vector<int> types = {first[qb % 2][0], first[qb % 2][1], 1, 0, 0, 1, 1, 1, 2, 3, 0, 0, 1};
+          size_t used[4] = {0, 0, 0, 0};
+          sel.clear();
+          for (int ty : types)
+            if (used[ty] < pool[ty].size()) sel.push_back(pool[ty][used[ty]++]);
+        }
         const size_t row = ((static_cast<size_t>(b) * c.hq + h) * p.nq + qb);
         p.counts[row] = static_cast<int>(sel.size());
         for (size_t e = 0; e < sel.size(); ++e) p.lut[row * p.nk + e] = sel[e];
@@ -262,16 +346,46 @@ Problem make_problem(const Cfg& c) {
   return p;
 }
 
+// pv_threshold decision rules of the fp32 reference: `exact` is docs/semantics.md Stage 2; the
+// others are plausible kernel bugs, used to show that the pattern cases would catch them (the
+// pairs are consecutive visible LUT entries, as the paired sm90 kernel forms them).
+enum class PvRule {
+  exact,
+  never,        // no block ever skipped (the vote disabled)
+  own_half,     // each 64-row half of the query block decides on its own rows (no peer vote)
+  own_warp,     // each 16-row group (one warp of the wgmma layout) decides on its own rows
+  pair_m1,      // a pair's first block tested against the max after both blocks
+  pair_mprev,   // a pair's second block tested against the max before the pair (its first block ignored)
+  pair_tile,    // a pair skipped as a whole (one 128-key block) or not at all
+};
+const char* to_string(PvRule r) {
+  switch (r) {
+    case PvRule::exact: return "exact";
+    case PvRule::never: return "never";
+    case PvRule::own_half: return "own_half";
+    case PvRule::own_warp: return "own_warp";
+    case PvRule::pair_m1: return "pair_m1";
+    case PvRule::pair_mprev: return "pair_mprev";
+    default: return "pair_tile";
+  }
+}
+// Per paired tile (exact rule, pairs of visible entries): how many skipped neither block, only the
+// first, only the second, both; [4]: odd last blocks (half tiles) skipped; [5]: blocks that one
+// 64-row half of the query block alone would have skipped but the other half did not allow.
+using PairStats = std::array<long, 6>;
+
 // The plain fp32 reference: the same block walk as the kernel and the CPU (online softmax in LUT
 // order, pv_threshold per query block), in fp32, with P rounded to the input dtype before PV.
 // out_o [total_q rows of the logical q layout], out_lse [batch, hq, max_sq].
-void reference_fp32(const Problem& p, std::vector<float>& out_o, std::vector<float>& out_lse) {
+void reference_fp32(const Problem& p, std::vector<float>& out_o, std::vector<float>& out_lse,
+                    PvRule rule = PvRule::exact, PairStats* stats = nullptr) {
   const Cfg& c = p.c;
   out_o.assign(p.q.v.size(), 0.0f);
   out_lse.assign(static_cast<size_t>(p.batch) * c.hq * p.max_sq, kNegInf);
   const float scale = c.scale != 0 ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.d));
   const float scale_log2 = scale * 1.4426950408889634f;
   const int group = c.hq / c.hk;
+  if (stats != nullptr) stats->fill(0);
   for (int b = 0; b < p.batch; ++b) {
     const SeqInfo s = p.seq(b);
     for (int h = 0; h < c.hq; ++h) {
@@ -279,12 +393,21 @@ void reference_fp32(const Problem& p, std::vector<float>& out_o, std::vector<flo
       const float thr = c.pv_thr;
       for (int qb = 0; qb * p.blkq < s.sq; ++qb) {
         const int i0 = qb * p.blkq, n = std::min(p.blkq, s.sq - i0);
-        std::vector<float> m(n, kNegInf), l(n, 0.0f), acc(static_cast<size_t>(n) * c.d, 0.0f), x(n), mn(n);
-        std::vector<float> t(static_cast<size_t>(n) * p.blkk);
         const size_t row = ((static_cast<size_t>(b) * c.hq + h) * p.nq + qb);
+        // The visible entries in LUT order (blocks wholly in the causal future are left out, as
+        // the kernels' iterator does; they would change nothing here).
+        long long last_key = s.sk - 1;
+        if (c.causal) last_key = std::min<long long>(last_key, static_cast<long long>(i0) + n - 1 + s.sk - s.sq);
+        std::vector<int> vis;
         for (int e = 0; e < p.counts[row]; ++e) {
           const int kb = p.lut[row * p.nk + e];
-          const int j0 = kb * p.blkk;
+          if (static_cast<long long>(kb) * p.blkk <= last_key) vis.push_back(kb);
+        }
+        const int nv = static_cast<int>(vis.size());
+        // Scaled logits (log2 units) and block row maxima of every visible entry.
+        std::vector<float> t(static_cast<size_t>(nv) * n * p.blkk), x(static_cast<size_t>(nv) * n);
+        for (int e = 0; e < nv; ++e) {
+          const int j0 = vis[e] * p.blkk;
           for (int r = 0; r < n; ++r) {
             const int i = i0 + r;
             const long long lim = c.causal ? std::min<long long>(s.sk - 1, static_cast<long long>(i) + s.sk - s.sq) : s.sk - 1;
@@ -296,29 +419,70 @@ void reference_fp32(const Problem& p, std::vector<float>& out_o, std::vector<flo
                 for (int d = 0; d < c.d; ++d) dot += p.q.at(s.q_batch, s.q_begin + i, h, d) * p.k.at(s.q_batch, s.k_begin + j0 + j, hk, d);
                 val = dot * scale_log2;
               }
-              t[static_cast<size_t>(r) * p.blkk + j] = val;
+              t[(static_cast<size_t>(e) * n + r) * p.blkk + j] = val;
               mx = std::max(mx, val);
             }
-            x[r] = mx;
-            mn[r] = std::max(m[r], mx);
+            x[static_cast<size_t>(e) * n + r] = mx;
           }
-          bool skip = thr > 0;
-          for (int r = 0; r < n && skip; ++r) skip = x[r] == kNegInf || (x[r] - mn[r]) + thr <= 0.0f;
+        }
+        auto xe = [&](int e, int r) { return x[static_cast<size_t>(e) * n + r]; };
+        std::vector<float> m(n, kNegInf), l(n, 0.0f), acc(static_cast<size_t>(n) * c.d, 0.0f), m_pair(n, kNegInf);
+        std::vector<char> skip(n), pass(n);
+        int pair_bits = 0;
+        for (int e = 0; e < nv; ++e) {
+          const int j0 = vis[e] * p.blkk;
+          const bool first_of_pair = e % 2 == 0;
+          if (first_of_pair) m_pair = m;  // the running max before this pair
+          // Per row: may this block's PV be skipped for this row (under the rule)?
           for (int r = 0; r < n; ++r) {
-            const float mu = mn[r] == kNegInf ? 0.0f : mn[r];
+            float xr = xe(e, r), mr = std::max(m[r], xr);
+            if (rule == PvRule::pair_m1 && first_of_pair && e + 1 < nv) mr = std::max(mr, xe(e + 1, r));
+            if (rule == PvRule::pair_mprev && !first_of_pair) mr = std::max(m_pair[r], xr);
+            const bool in_pair = !first_of_pair || e + 1 < nv;  // not the odd last block
+            if (rule == PvRule::pair_tile && in_pair) {
+              const int e0 = first_of_pair ? e : e - 1;
+              xr = std::max(xe(e0, r), xe(e0 + 1, r));
+              mr = std::max(m_pair[r], xr);
+            }
+            pass[r] = xr == kNegInf || (xr - mr) + thr <= 0.0f;
+          }
+          // Who decides: the whole query block, or each 64-row half (own_half) or 16-row warp
+          // (own_warp) on its own.
+          const int span = rule == PvRule::own_half ? 64 : rule == PvRule::own_warp ? 16 : n;
+          for (int g0 = 0; g0 < n; g0 += span) {
+            bool all = thr > 0 && rule != PvRule::never;
+            for (int r = g0; r < std::min(n, g0 + span); ++r) all = all && pass[r];
+            for (int r = g0; r < std::min(n, g0 + span); ++r) skip[r] = all;
+          }
+          if (stats != nullptr && rule == PvRule::exact && thr > 0) {
+            const bool sk = n > 0 && skip[0];
+            if (first_of_pair && e + 1 == nv) (*stats)[4] += sk;
+            if (first_of_pair) pair_bits = sk ? 1 : 0;
+            if (!first_of_pair) ++(*stats)[pair_bits | (sk ? 2 : 0)];
+            if (!sk && n > 64) {
+              bool lo = true, hi = true;
+              for (int r = 0; r < n; ++r) {
+                if (r < 64) lo = lo && pass[r]; else hi = hi && pass[r];
+              }
+              (*stats)[5] += lo || hi;
+            }
+          }
+          for (int r = 0; r < n; ++r) {
+            const float mn = std::max(m[r], xe(e, r));
+            const float mu = mn == kNegInf ? 0.0f : mn;
             const float alpha = std::exp2(m[r] - mu);
             float sum = 0.0f;
             for (int j = 0; j < p.blkk; ++j) {
-              float& pj = t[static_cast<size_t>(r) * p.blkk + j];
+              float& pj = t[(static_cast<size_t>(e) * n + r) * p.blkk + j];
               pj = std::exp2(pj - mu);
               sum += pj;
             }
             l[r] = l[r] * alpha + sum;
-            m[r] = mn[r];
+            m[r] = mn;
             for (int d = 0; d < c.d; ++d) acc[static_cast<size_t>(r) * c.d + d] *= alpha;
-            if (skip) continue;
+            if (skip[r]) continue;
             for (int j = 0; j < p.blkk && j0 + j < s.sk; ++j) {
-              const float pr = round_to(t[static_cast<size_t>(r) * p.blkk + j], c.dt);
+              const float pr = round_to(t[(static_cast<size_t>(e) * n + r) * p.blkk + j], c.dt);
               if (pr == 0.0f) continue;
               for (int d = 0; d < c.d; ++d) acc[static_cast<size_t>(r) * c.d + d] += pr * p.v.at(s.q_batch, s.k_begin + j0 + j, hk, d);
             }
@@ -401,6 +565,7 @@ GpuOut run_gpu(const Problem& p, int repeats = 1, std::vector<std::vector<std::u
   if (c.varlen()) vl = {dcuq.data(), dcuk.data(), p.batch, p.max_sq, p.max_sk};
   Exec ex{Backend::cuda, nullptr, 0};
   const ScopedPath path(c.path);
+  const ScopedVariant variant(c.variant);
   for (int rep = 0; rep < repeats; ++rep) {
     if (c.o_f32) do32.poison(); else do16.poison();
     dlse.poison();
@@ -505,16 +670,56 @@ void check_case(const Cfg& c) {
   }
 }
 
+// The pv pattern cases, on the CPU first (so this part runs without a GPU too): the inputs must
+// produce every kind of decision the sm90 kernel distinguishes (pairs skipping neither, only the
+// first, only the second, both blocks; half tiles skipped; for BLKQ 128 blocks that one
+// warpgroup's rows alone would skip), and the fp32 reference under each wrong rule (PvRule) must
+// miss the oracle by far more than the tolerance the GPU gets, so a kernel with that bug fails.
+// Then the GPU comparison of check_case.
+void check_pattern_case(const Cfg& c) {
+  if (c.path != nullptr || c.variant >= 0) return check_case(c);  // the inputs' checks run once, on the plain case
+  const Problem p = make_problem(c);
+  std::vector<float> oracle_o, oracle_lse, ref_o, ref_lse;
+  oracle_cpu(p, oracle_o, oracle_lse);
+  if (::testing::Test::HasFatalFailure()) return;
+  PairStats st{};
+  reference_fp32(p, ref_o, ref_lse, PvRule::exact, &st);
+  const double tol = 2 * compare(ref_o.data(), oracle_o.data(), oracle_o.size()).max_abs + 1e-5 + c.spread_noise_o;
+  if (c.blkk == 64) {
+    EXPECT_GT(st[0], 0) << "no pair with neither block skipped";
+    EXPECT_GT(st[1], 0) << "no pair with only its first block skipped";
+    EXPECT_GT(st[2], 0) << "no pair with only its second block skipped";
+    EXPECT_GT(st[3], 0) << "no pair with both blocks skipped";
+    EXPECT_GT(st[4], 0) << "no odd last block skipped";
+  }
+  if (c.blkq == 128) EXPECT_GT(st[5], 0) << "no block that one half of the query block alone would skip";
+  std::vector<PvRule> wrong = {PvRule::never, PvRule::own_warp};
+  if (c.blkq == 128) wrong.push_back(PvRule::own_half);
+  if (c.blkk == 64) {
+    wrong.push_back(PvRule::pair_m1);
+    wrong.push_back(PvRule::pair_mprev);
+    wrong.push_back(PvRule::pair_tile);
+  }
+  for (PvRule r : wrong) {
+    std::vector<float> mo, ml;
+    reference_fp32(p, mo, ml, r);
+    const double err = compare(mo.data(), oracle_o.data(), oracle_o.size()).max_abs;
+    EXPECT_GT(err, 20 * tol) << "rule " << to_string(r) << " is not detectable: error " << err << " vs tolerance " << tol;
+  }
+  check_case(c);
+}
+
 // ---- case lists ----------------------------------------------------------------------------------
 const DType kTypes[] = {DType::f16, DType::bf16};
 const int kDims[] = {64, 128};
 const int kBlocks[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
 
 void add(std::vector<Case>& cases, const Cfg& c) {
-  cases.push_back({c.name(), [c] { check_case(c); }});
+  const auto check = c.pv_pattern ? check_pattern_case : check_case;
+  cases.push_back({c.name(), [c, check] { check(c); }});
   Cfg forced = c;
   forced.path = "portable";
-  cases.push_back({forced.name(), [forced] { check_case(forced); }});
+  cases.push_back({forced.name(), [forced, check] { check(forced); }});
 }
 
 // ---- timing --------------------------------------------------------------------------------------
@@ -728,6 +933,31 @@ SPARGE_CASES(AttentionGpuSparse) {
         c.scale = 0.5f;  // wider logits, more skips
         add(cases, c);
         c.pv_probe = true; c.pv_thr = 4.0f; c.scale = 1.0f; c.lut = Lut::full; c.causal = false;
+        add(cases, c);
+      }
+  // pv_threshold patterns (issue #7: paired tiles decide per LUT block; the two consumer
+  // warpgroups vote without lockstep): every (dtype, head dim, block shape), causal and not, odd
+  // key-block counts (half tiles), and on the sm90 path with the switches that change the pv
+  // path: 1 (unpaired, per-warpgroup vote), 4 (no pingpong), 32 (persistent, 3 CTAs: the vote
+  // ring's tags run on across many query tiles), 256 (the legacy path).
+  for (DType dt : kTypes)
+    for (int d : kDims)
+      for (auto& bl : kBlocks)
+        for (bool causal : {false, true}) {
+          Cfg c;
+          c.dt = dt; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.causal = causal; c.hq = 2; c.hk = 1;
+          c.sq = 389; c.sk = 1100; c.lut = Lut::full; c.pv_thr = 4.0f; c.scale = 1.0f;
+          c.pv_pattern = true;
+          add(cases, c);
+        }
+  for (int d : kDims)
+    for (auto& bl : kBlocks)
+      for (int v : {1, 4, 32, 256}) {
+        if (v == 1 && bl[1] != 64) continue;
+        Cfg c;
+        c.dt = DType::f16; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.causal = v == 32; c.hq = 2; c.hk = 1;
+        c.sq = 389; c.sk = 1100; c.lut = Lut::full; c.pv_thr = 4.0f; c.scale = 1.0f;
+        c.pv_pattern = true; c.variant = v;
         add(cases, c);
       }
   // Empty rows: Sq > Sk under causal masking.

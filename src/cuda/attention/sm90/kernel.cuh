@@ -5,12 +5,13 @@
 // (64 query rows each, the M of wgmma). The producer's first thread walks the block iterator (LUT
 // row or all visible blocks) and issues TMA loads of Q once and of K, V key tiles into a ring of
 // stages; sparsity changes only the row coordinates of these loads. A key tile is one LUT block,
-// or (paired kernel, 64-key LUT blocks without pv_threshold) two consecutive entries of the LUT
+// or (paired kernel, 64-key LUT blocks) two consecutive entries of the LUT
 // row in the two 64-row halves of a 128-key stage. Each consumer warpgroup walks the same
 // iterator (to know the key offsets for masking) and per tile:
 //   wait K full; S = Q K^T (wgmma ss, K-major both); release K
 //   scale, mask, online softmax (the portable kernel's arithmetic: same accumulator layout per warp)
-//   pv_threshold vote over the query block (named barrier AND of all consumer threads)
+//   pv_threshold vote per LUT block (own warpgroup's rows; the other warpgroup's vote is read only
+//   when this one's rows all say "skip": docs/attention_sm90.md, "pv_threshold")
 //   O *= alpha; wait V full; O += P V (wgmma rs: P from registers, V MN-major); release V
 // Stages of K and V have separate barriers, so K of the next tile lands while PV runs; the loop
 // overlaps the softmax of tile i with PV of tile i - 1 (docs/attention_sm90.md, Pipeline).
@@ -33,7 +34,7 @@
 namespace sparge::cuda::attn::sm90 {
 
 // BLKK_ is the key block of the LUT (and of causal/visibility bookkeeping); a pipeline stage holds
-// one key tile of kTileK keys. PAIR_ (BLKK_ 64 only, pv_threshold off): a tile is two LUT blocks,
+// one key tile of kTileK keys. PAIR_ (BLKK_ 64 only): a tile is two LUT blocks,
 // any two entries of the row (consecutive in LUT order, not necessarily adjacent keys), loaded as
 // two TMA boxes into the two 64-row halves of one 128-key stage and computed by the 128-key
 // wgmmas; an odd count ends with a half tile (second half masked, PV over the first 64 keys).
@@ -111,6 +112,15 @@ struct Smem {
   // Q may be overwritten (the next tile of a persistent CTA): every consumer warp arrives once all
   // QK^T of its tile have completed.
   __device__ __forceinline__ std::uint64_t* q_empty() const { return bars() + 1 + 4 * Tr::kStages; }
+  // pv_threshold vote ring (BLKQ 128): kVoteRing tagged words per consumer warpgroup, after the
+  // barriers (within kSmemSlack, asserted in Traits' users below).
+  __device__ __forceinline__ std::uint32_t vote_slot(int wg, std::uint32_t seq) const {
+    return smem_addr(bars() + 2 + 4 * Tr::kStages) + 4u * (static_cast<std::uint32_t>(wg) * kVoteRing + seq % kVoteRing);
+  }
+  static constexpr std::uint32_t kVoteRing = 8;  // >= stages + 1 (docs/attention_sm90.md: why it is never overrun)
+  static_assert(kVoteRing >= Tr::kStages + 1, "the vote ring must outlast the K/V stage ring");
+  static_assert(1024 + 8 * (2 + 4 * Tr::kStages) + 4 * kVoteRing * Tr::kConsumers <= kSmemSlack,
+                "barriers and vote ring exceed the shared-memory slack");
 };
 
 // Position in the ring of K/V stages, carried across the tiles of a persistent CTA: stage use u
@@ -217,9 +227,23 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
   }
 }
 
-// Named barrier ids: 0 is __syncthreads, 1 the pv_threshold vote, 2 + w warpgroup w's pingpong turn.
+// Named barrier ids: 0 is __syncthreads, 1 the legacy pv_threshold vote (all consumer threads),
+// 2 + w warpgroup w's pingpong turn, 4 + w warpgroup w's own pv_threshold vote.
 constexpr int kVoteBarrier = 1;
 constexpr int kTurnBarrier = 2;
+constexpr int kOwnVoteBarrier = 4;
+
+// pv_threshold modes of the mainloop: off; per warpgroup (each warpgroup reduces its own rows and
+// publishes a tagged word; a warpgroup reads the other's word only when its own rows all say
+// "skip"); legacy (kVariantLegacyPv: one bar.red.and of all consumer threads per tile, unpaired).
+constexpr int kVoteOff = 0;
+constexpr int kVoteWarpgroup = 1;
+constexpr int kVoteLegacy = 2;
+// A vote word: the tile's sequence number (30 bits, the CTA's count of key tiles so far) above
+// the two skip bits (bit 0: the tile's first LUT block, bit 1: its second, paired tiles only).
+__device__ __forceinline__ std::uint32_t vote_word(std::uint32_t seq, int bits) {
+  return (seq << 2) | static_cast<std::uint32_t>(bits);
+}
 
 // One consumer warpgroup's state and steps. Per visited block i the loop issues, in one "turn"
 // (pingpong with the other consumer warpgroup: its softmax runs while this one's GEMMs run),
@@ -299,38 +323,57 @@ struct Consumer {
     }
     wgmma_commit();
   }
-  // O += P_{i-1} V_{i-1} over the first kSteps 16-key steps of the stage, one commit group.
-  template <int kSteps>
+  // O += P_{i-1} V_{i-1} over the 16-key steps [kFrom, kTo) of the stage, one commit group.
+  template <int kFrom, int kTo>
   __device__ __forceinline__ void issue_pv_steps(int st) {
 #pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
+    for (int kk = kFrom; kk < kTo; ++kk) {
       Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], mn_major_desc(sm.v(st), Tr::kKVSlab, kk));
     }
     wgmma_commit();
   }
-  // PV of the previous tile. pv_threshold (kVote, unpaired kernel only): a skipped PV commits an
-  // empty group, so the wait counts are the same on both paths (ptxas serializes every wgmma of
-  // the kernel, C7514, when the waits differ between the paths). Paired kernel: a half tile (odd
-  // last block) multiplies only the first 64 keys; its second half of V holds another tile's rows
-  // (or never-written shared memory), which even P = 0 must not touch (0 * NaN). Each path commits
-  // its own group: a commit after the join makes ptxas close the group itself and add an empty
-  // group on both paths, so wait<1> would wait for the PV too.
-  template <bool kVote>
-  __device__ __forceinline__ void issue_pv(int st, bool skip, bool half) {
-    if constexpr (Tr::kPair) {
+  // PV of the previous tile. skip: the query block's pv_threshold decision (bit 0: the tile's
+  // first LUT block, bit 1: its second, paired tiles), uniform. A skipped PV commits an empty
+  // group, so the wait counts are the same on every path (ptxas serializes every wgmma of the
+  // kernel, C7514, when the waits differ between the paths). Paired kernel: a half tile (odd last
+  // block) multiplies only the first 64 keys; its second half of V holds another tile's rows (or
+  // never-written shared memory), which even P = 0 must not touch (0 * NaN); with pv_threshold a
+  // skipped half is left out the same way (k-steps 0..3 are the first block's keys, 4..7 the
+  // second's). Each path commits its own group: a commit after the join makes ptxas close the
+  // group itself and add an empty group on both paths, so wait<1> would wait for the PV too.
+  template <int kVote>
+  __device__ __forceinline__ void issue_pv(int st, int skip, bool half) {
+    constexpr int kAll = Tr::kKSteps, kHalf = Tr::kKSteps / 2;
+    if constexpr (Tr::kPair && kVote == kVoteOff) {
       if (!half) {
-        issue_pv_steps<Tr::kKSteps>(st);
+        issue_pv_steps<0, kAll>(st);
       } else {
-        issue_pv_steps<Tr::kKSteps / 2>(st);
+        issue_pv_steps<0, kHalf>(st);
       }
-    } else if constexpr (kVote) {
-      if (!skip) {
-        issue_pv_steps<Tr::kKSteps>(st);
+    } else if constexpr (Tr::kPair) {
+      if (half) {
+        if ((skip & 1) == 0) {
+          issue_pv_steps<0, kHalf>(st);
+        } else {
+          wgmma_commit();
+        }
+      } else if (skip == 0) {
+        issue_pv_steps<0, kAll>(st);
+      } else if (skip == 1) {
+        issue_pv_steps<kHalf, kAll>(st);
+      } else if (skip == 2) {
+        issue_pv_steps<0, kHalf>(st);
+      } else {
+        wgmma_commit();
+      }
+    } else if constexpr (kVote != kVoteOff) {
+      if (skip == 0) {
+        issue_pv_steps<0, kAll>(st);
       } else {
         wgmma_commit();
       }
     } else {
-      issue_pv_steps<Tr::kKSteps>(st);
+      issue_pv_steps<0, kAll>(st);
     }
   }
   __device__ __forceinline__ void fence_p() {
@@ -355,32 +398,98 @@ struct Consumer {
     }
   }
 
+  // Max of row r's raw scores over score tiles [j0, j1) of this thread, in two chains (half the
+  // dependent FMNMX latency).
+  template <int j0, int j1>
+  __device__ __forceinline__ float raw_max(int r) const {
+    float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+    for (int j = j0; j < j1; j += 2) {
+      x0 = fmaxf(x0, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      x1 = fmaxf(x1, fmaxf(s[j + 1][2 * r], s[j + 1][2 * r + 1]));
+    }
+    return fmaxf(x0, x1);
+  }
+
+  // This warpgroup's pv_threshold vote (kVoteWarpgroup): ok0 / ok1 say whether this thread's rows
+  // allow skipping the tile's first / second LUT block. Per warp __all_sync; over the warpgroup's
+  // four warps one barrier.red.popc on the warpgroup's own named barrier, with lane 0 contributing
+  // the first bit and lanes 1..8 the second: popc = n0 + 8 * n1 (n0, n1 <= 4 warps agreeing).
+  // BLKQ 128: the result is published as a tagged word in this warpgroup's ring slot for seq.
+  __device__ __forceinline__ int own_vote(bool ok0, bool ok1, std::uint32_t seq) const {
+    const bool a0 = __all_sync(0xffffffffu, ok0);
+    const bool a1 = __all_sync(0xffffffffu, ok1);
+    const bool pred = lane == 0 ? a0 : (lane <= 8 ? a1 : false);
+    const std::uint32_t n = named_barrier_popc(kOwnVoteBarrier + cw, 128, pred);
+    const int bits = uniform(((n & 7u) == 4u ? 1 : 0) | ((n >> 3) == 4u ? 2 : 0));
+    if constexpr (Tr::kConsumers == 2) {
+      if (warp == 0 && lane == 0) shared_store_volatile(sm.vote_slot(cw, seq), vote_word(seq, bits));
+    }
+    return bits;
+  }
+  // The query block's decision for the tile of sequence number seq, given this warpgroup's own
+  // bits: a block is skipped only when every row of the query block allows it. BLKQ 64 (one
+  // consumer warpgroup) and legacy mode: own is already the answer. Own bits 0: the answer is 0
+  // without asking. Otherwise spin (uniformly: lane 0's load broadcast) on the other warpgroup's
+  // word until it carries seq's tag. Called outside any turn with no wgmma in flight; the other
+  // warpgroup reaches its vote for seq without anything more from this one (docs/attention_sm90.md).
+  template <int kVote>
+  __device__ __forceinline__ int decide(int own, std::uint32_t seq) const {
+    if constexpr (kVote != kVoteWarpgroup || Tr::kConsumers == 1) {
+      return own;
+    } else {
+      if (own == 0) return 0;
+      const std::uint32_t addr = sm.vote_slot(cw ^ 1, seq);
+      const std::uint32_t tag = seq & 0x3FFFFFFFu;
+      std::uint32_t w;
+      do {
+        w = static_cast<std::uint32_t>(uniform(static_cast<int>(shared_load_volatile(addr))));
+      } while ((w >> 2) != tag);
+      return own & static_cast<int>(w & 3u);
+    }
+  }
+
   // Online softmax of the raw scores S_i (keys k0a.. and, paired, k0b..), the portable kernel's
   // arithmetic with the scale folded in: the row max is taken on raw scores and scaled once
   // (scale > 0, and rounding is monotonic, so this is the max of the scaled scores bit for bit),
   // and every probability is ex2(fma(s, scale*log2e, -max)): one FFMA + one MUFU per element.
-  // Returns the query block's pv_threshold decision when kVote; alpha receives the factors O must
-  // be rescaled by.
-  template <bool kVote, bool kMask>
-  __device__ __forceinline__ bool softmax_step(int k0a, int k0b, float (&alpha)[2]) {
+  // Returns the pv_threshold vote (kVoteWarpgroup: this warpgroup's bits, published before the
+  // exponentials so that a waiting peer gets it early; kVoteLegacy: the query block's bit); alpha
+  // receives the factors O must be rescaled by. Paired tiles: per row the halves' maxima x0, x1
+  // give m0 = max(m, x0) and m1 = max(m0, x1) (what the LUT walk gets block by block); block 0 is
+  // tested against m0, block 1 against m1; the exponentials of both use m1 (= the tile's max).
+  template <int kVote, bool kMask>
+  __device__ __forceinline__ int softmax_step(int k0a, int k0b, float (&alpha)[2], std::uint32_t seq) {
     if constexpr (kMask) mask_scores(k0a, k0b);
     const float scale = p.scale_log2;
-    float block_max[2], new_max[2];
+    constexpr bool kSplit = Tr::kPair && kVote == kVoteWarpgroup;
+    float m_old[2];
+    bool ok0 = true, ok1 = true;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float x0 = -INFINITY, x1 = -INFINITY;  // two chains: half the dependent FMNMX latency
-#pragma unroll
-      for (int j = 0; j < Tr::kKTiles; j += 2) {
-        x0 = fmaxf(x0, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-        x1 = fmaxf(x1, fmaxf(s[j + 1][2 * r], s[j + 1][2 * r + 1]));
+      m_old[r] = m[r];
+      if constexpr (kSplit) {
+        const float x0 = quad_max(raw_max<0, Tr::kBlockKTiles>(r)) * scale;
+        const float x1 = quad_max(raw_max<Tr::kBlockKTiles, Tr::kKTiles>(r)) * scale;
+        const float m0 = fmaxf(m[r], x0);
+        m[r] = fmaxf(m0, x1);
+        ok0 = ok0 && (!row_real[r] || pv_skippable(x0, m0, pv_thr));
+        ok1 = ok1 && (!row_real[r] || pv_skippable(x1, m[r], pv_thr));
+      } else {
+        const float x = quad_max(raw_max<0, Tr::kKTiles>(r)) * scale;
+        m[r] = fmaxf(m[r], x);
+        if constexpr (kVote != kVoteOff) ok0 = ok0 && (!row_real[r] || pv_skippable(x, m[r], pv_thr));
       }
-      const float x = quad_max(fmaxf(x0, x1)) * scale;
-      const float m_new = fmaxf(m[r], x);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = ex2(m[r] - m_use);
-      block_max[r] = x;
-      new_max[r] = m_new;
-      m[r] = m_new;
+    }
+    int vote = 0;
+    if constexpr (kVote == kVoteWarpgroup) {
+      if (k0b == kNoKeys) ok1 = false;  // a half tile (or the unpaired kernel) has no second block
+      vote = own_vote(ok0, ok1, seq);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_use = m[r] == -INFINITY ? 0.0f : m[r];
+      alpha[r] = ex2(m_old[r] - m_use);
       const float neg = -m_use;
       float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
@@ -392,16 +501,10 @@ struct Consumer {
       }
       l[r] = l[r] * alpha[r] + (sum0 + sum1);
     }
-    if constexpr (!kVote) {
-      return false;
-    } else {
-      bool skippable = true;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        skippable = skippable && (!row_real[r] || pv_skippable(block_max[r], new_max[r], pv_thr));
-      }
-      return uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, skippable)) != 0;
+    if constexpr (kVote == kVoteLegacy) {
+      vote = uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, ok0)) != 0 ? 1 : 0;
     }
+    return vote;
   }
   // A block of n keys from k0 needs the mask when it crosses sk or the causal diagonal of some row
   // of this warpgroup.
@@ -410,8 +513,8 @@ struct Consumer {
   }
   // Masked only where the tile needs it (a real branch: with the mask if-converted every block
   // pays two instructions per score). A half tile (kb[1] < 0 in the paired kernel) always does.
-  template <bool kVote>
-  __device__ __forceinline__ bool softmax_step(const KeyTile& kt, float (&alpha)[2]) {
+  template <int kVote>
+  __device__ __forceinline__ int softmax_step(const KeyTile& kt, float (&alpha)[2], std::uint32_t seq) {
     const int k0a = kt.kb[0] * Tr::kBlockK;
     bool need_mask;
     int k0b = kNoKeys;
@@ -421,8 +524,8 @@ struct Consumer {
     } else {
       need_mask = crosses(k0a, Tr::kTileK);
     }
-    if (uniform(need_mask)) return softmax_step<kVote, true>(k0a, k0b, alpha);
-    return softmax_step<kVote, false>(k0a, k0b, alpha);
+    if (uniform(need_mask)) return softmax_step<kVote, true>(k0a, k0b, alpha, seq);
+    return softmax_step<kVote, false>(k0a, k0b, alpha, seq);
   }
 
   // O *= alpha, skipped when no row of the warp changed its max (alpha == 1 exactly: ex2(0)),
@@ -458,9 +561,11 @@ struct Consumer {
   }
 
   // One tile (query block): the mainloop, then the epilogue. q_phase: parity of this CTA's tile
-  // count; ring: the K/V stage position, shared with the producer's walk of the same tiles.
-  template <bool kVote>
-  __device__ __forceinline__ void run(BlockIter it, std::uint32_t q_phase, Ring<Tr>& ring) {
+  // count; ring: the K/V stage position, shared with the producer's walk of the same tiles; seq:
+  // this CTA's count of key tiles so far (the same in both consumer warpgroups: the tags of the
+  // pv_threshold vote ring).
+  template <int kVote>
+  __device__ __forceinline__ void run(BlockIter it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
     barrier_wait(sm.q_full(), q_phase);
     const KeyTile kt0 = next_uniform_tile(it);
     if (kt0.kb[0] < 0) {
@@ -480,7 +585,8 @@ struct Consumer {
       fence_accumulator(s);
       release_kv(sm.k_empty(st_prev));
       float alpha[2];
-      bool skip_prev = softmax_step<kVote>(kt0, alpha);
+      std::uint32_t seq_prev = seq++;
+      int vote_prev = softmax_step<kVote>(kt0, alpha, seq_prev);
       bool half_prev = kt0.kb[1] < 0;
       rescale_and_pack(alpha);
       for (;;) {
@@ -488,9 +594,11 @@ struct Consumer {
         if (kt.kb[0] < 0) break;
         const int st = ring.st;
         const std::uint32_t parity = ring.phase;
+        const std::uint32_t seq_cur = seq++;
         ring.advance();
         barrier_wait(sm.k_full(st), parity);
         barrier_wait(sm.v_full(st_prev), parity_prev);
+        const int skip_prev = decide<kVote>(vote_prev, seq_prev);
         turn_begin();
         wgmma_fence();
         fence_accumulator(s);
@@ -501,13 +609,14 @@ struct Consumer {
         wgmma_wait<1>();
         fence_accumulator(s);
         release_kv(sm.k_empty(st));
-        const bool skip = softmax_step<kVote>(kt, alpha);
+        const int vote = softmax_step<kVote>(kt, alpha, seq_cur);
         wgmma_wait<0>();
         fence_accumulator(o);
         fence_p();
         release_kv(sm.v_empty(st_prev));
         rescale_and_pack(alpha);
-        skip_prev = skip;
+        vote_prev = vote;
+        seq_prev = seq_cur;
         half_prev = kt.kb[1] < 0;
         st_prev = st;
         parity_prev = parity;
@@ -515,6 +624,7 @@ struct Consumer {
       release(sm.q_empty());  // every QK^T of this query block has completed (waited above)
       // PV of the last tile.
       barrier_wait(sm.v_full(st_prev), parity_prev);
+      const int skip_prev = decide<kVote>(vote_prev, seq_prev);
       turn_begin();
       wgmma_fence();
       fence_accumulator(o);
@@ -572,6 +682,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     }
     barrier_init_fence();
   }
+  // The pv_threshold vote ring: every slot starts with a tag no early sequence number has
+  // (0x3FFFFFFF; slot k is first read for seq k < kVoteRing, and written by then).
+  if (tid < Tr::kConsumers * static_cast<int>(Smem<Tr>::kVoteRing)) {
+    shared_store_volatile(sm.vote_slot(tid / Smem<Tr>::kVoteRing, tid % Smem<Tr>::kVoteRing), ~0u);
+  }
   __syncthreads();
   // The peer's TMA and arrivals must not reach barriers it has not initialized yet.
   if (P.multicast != 0) cluster_sync_all();
@@ -612,17 +727,31 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     if (pingpong && cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
     Ring<Tr> ring;
     std::uint32_t q_phase = 0;
+    std::uint32_t seq = 0;  // key tiles of this CTA so far: the vote ring's tags (30 bits, see vote_word)
     for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
       const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
       if (t.q0 >= t.sq) continue;
       Consumer<Tr> c(p, sm, t, cw, tid % 128, P);
       const BlockIter it = make_iter(p, t, visible_of<Tr>(p, t));
-      if constexpr (Tr::kPair) {
-        c.template run<false>(it, q_phase, ring);  // the launcher pairs only without pv_threshold
-      } else if (p.use_pv_threshold) {
-        c.template run<true>(it, q_phase, ring);
+      // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
+      // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
+      // launcher does not pair with that bit and pv_threshold on).
+      if constexpr (Tr::kConsumers <= 2) {
+        if (p.use_pv_threshold) {
+          if constexpr (!Tr::kPair) {
+            if ((P.variant & kVariantLegacyPv) != 0) {
+              c.template run<kVoteLegacy>(it, q_phase, ring, seq);
+            } else {
+              c.template run<kVoteWarpgroup>(it, q_phase, ring, seq);
+            }
+          } else {
+            c.template run<kVoteWarpgroup>(it, q_phase, ring, seq);
+          }
+        } else {
+          c.template run<kVoteOff>(it, q_phase, ring, seq);
+        }
       } else {
-        c.template run<false>(it, q_phase, ring);
+        c.template run<kVoteOff>(it, q_phase, ring, seq);
       }
       q_phase ^= 1;
     }
@@ -709,11 +838,13 @@ template <class T, int HD, int BLKQ, int BLKK>
 cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
   Sm90Params q = p;
   q.variant = variant_bits();
-  // 64-key LUT blocks are computed two per 128-key tile unless pv_threshold is on (its skip is
-  // decided per LUT block) or the variant bits say otherwise. BLKQ 64 at head dim 128 pairs only
-  // on request: its 113 KiB leave one 128-key stage (two 64-key stages unpaired).
+  // 64-key LUT blocks are computed two per 128-key tile (with pv_threshold too: its per-block
+  // decisions are taken per half) unless the variant bits say otherwise (bit 256 with
+  // pv_threshold: the legacy unpaired path). BLKQ 64 at head dim 128 pairs only on request: its
+  // 113 KiB leave one 128-key stage (two 64-key stages unpaired).
   if constexpr (BLKK == 64) {
-    const bool pair = !p.p.use_pv_threshold && (q.variant & kVariantNoPair) == 0 &&
+    const bool legacy_pv = p.p.use_pv_threshold && (q.variant & kVariantLegacyPv) != 0;
+    const bool pair = !legacy_pv && (q.variant & kVariantNoPair) == 0 &&
                       (BLKQ == 128 || HD == 64 || (q.variant & kVariantPairQ64) != 0);
     if (pair) {
       const cudaError_t err = launch_kernel<Traits<T, HD, BLKQ, BLKK, true>>(q, num_tiles, stream);

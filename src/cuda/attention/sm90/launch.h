@@ -35,6 +35,8 @@ constexpr int kVariantPersistent = 16;      // persistent CTAs always (grid = CT
 constexpr int kVariantPersistentTest = 32;  // test hook: persistent with a grid of 3 CTAs (many tiles each)
 constexpr int kVariantNoPersistent = 64;    // never persistent (overrides the default rule and bit 16)
 constexpr int kVariantClusterKV = 128;      // dense hd128 non-causal: CTA pairs share K/V loads (TMA multicast)
+constexpr int kVariantLegacyPv = 256;       // pv_threshold: the pre-round-5 path (unpaired 64-key tiles, one
+                                            // bar.red.and of all consumer threads per tile, lockstep)
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles, and a LUT or head
 // dim 64 (docs/attention_sm90.md, round 4: where the round-3 measurements never lost).
 int variant_bits();
@@ -58,7 +60,7 @@ constexpr int threads_per_cta(int blkq) { return 128 * (1 + consumer_warpgroups(
 // CTAs per SM (113 KiB each).
 constexpr int ctas_per_sm(int blkq) { return blkq >= 128 ? 1 : 2; }
 constexpr int smem_budget(int blkq) { return blkq >= 128 ? 232448 : 115712; }
-constexpr int kSmemSlack = 1024 + 256;  // 1024-byte alignment of the tiles + the barriers
+constexpr int kSmemSlack = 1024 + 256;  // 1024-byte alignment of the tiles + the barriers + the vote ring
 constexpr int q_bytes(int hd, int blkq) { return blkq * hd * 2; }
 constexpr int kv_bytes(int hd, int blkk) { return blkk * hd * 2; }
 // K/V stages: as many as fit (at most 4), at least one.

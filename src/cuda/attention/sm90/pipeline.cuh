@@ -93,6 +93,30 @@ __device__ __forceinline__ bool named_barrier_and(int id, int threads, bool pred
   return out != 0;
 }
 
+// Number of the `threads` threads on named barrier `id` whose `pred` is true (barrier.red.popc,
+// not .aligned: the warps of one warpgroup may reach it from different (masked / unmasked) copies
+// of the softmax). The result is the same in every participating thread.
+__device__ __forceinline__ std::uint32_t named_barrier_popc(int id, int threads, bool pred) {
+  std::uint32_t out;
+  asm volatile(
+      "{\n.reg .pred q;\nsetp.ne.u32 q, %1, 0;\nbarrier.red.popc.u32 %0, %2, %3, q;\n}\n"
+      : "=r"(out)
+      : "r"(static_cast<std::uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return out;
+}
+
+// One 32-bit word of shared memory written and read without caching in registers (the
+// pv_threshold vote ring: a word carries its own tag, so no other data needs ordering).
+__device__ __forceinline__ void shared_store_volatile(std::uint32_t addr, std::uint32_t v) {
+  asm volatile("st.volatile.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ std::uint32_t shared_load_volatile(std::uint32_t addr) {
+  std::uint32_t v;
+  asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // Named-barrier halves for the consumer warpgroups' pingpong: one warpgroup waits (sync) until the
 // other has signalled (arrive); `threads` counts both sides.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
