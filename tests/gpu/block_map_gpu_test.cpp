@@ -613,7 +613,8 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {nullptr, nullptr, "prefetch", nullptr, nullptr}, {nullptr, nullptr, "base", nullptr, nullptr},
       {"launch", "1", "wide", nullptr, nullptr},        {nullptr, nullptr, nullptr, "0", nullptr},
       {nullptr, nullptr, nullptr, "8", nullptr},        {"launch", nullptr, "base", "0", nullptr},
-      {nullptr, nullptr, nullptr, nullptr, "1"},        {nullptr, "1", "prefetch", "8", "1"}};
+      {nullptr, nullptr, nullptr, nullptr, "1"},        {nullptr, "1", "prefetch", "8", "1"},
+      {nullptr, nullptr, "small4", nullptr, nullptr}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };

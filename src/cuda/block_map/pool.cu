@@ -73,7 +73,9 @@ struct PassArgs {
 // MINB: CTAs per SM the registers are capped for (3 spills ~100 bytes per thread, 2 spills none
 // without PREFETCH).
 // BATCH: steps of 16-byte loads in flight per lane (kBatch, or 16 for the `wide` variant).
-template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH>
+// SHIFT: sg.shift is set (the K rows of pass 2); without it the subtraction of zeros is left out
+// (x - 0 is x, -0 included: the same bits).
+template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
                                           std::int64_t b) {
   constexpr int kBatch = BATCH;  // shadows the file's default
@@ -118,7 +120,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     };
 
     float shift[8] = {};
-    if (sg.shift != nullptr && col_ok) {
+    if (SHIFT && col_ok) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) shift[j] = __ldcg(sg.shift + (si * sg.heads + h) * g.d + sub * 8 + j);
     }
@@ -140,7 +142,8 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         float n2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          v[j] = valid ? v[j] - shift[j] : 0.0f;
+          if constexpr (SHIFT) v[j] -= shift[j];
+          v[j] = valid ? v[j] : 0.0f;
           n2 = fmaf(v[j], v[j], n2);
         }
         // |row|^2 over the LANES lanes of the row (every lane of the warp takes part).
@@ -299,7 +302,11 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     } else {
       h = i % sg.heads, b = (i / sg.heads) % sg.nblk, si = i / (sg.heads * sg.nblk);
     }
-    pool_item<T, LANES, PREFETCH, VEC, BATCH>(a.g, sg, si, h, b);
+    if (sg.shift != nullptr) {  // warp-uniform
+      pool_item<T, LANES, PREFETCH, VEC, BATCH, true>(a.g, sg, si, h, b);
+    } else {
+      pool_item<T, LANES, PREFETCH, VEC, BATCH, false>(a.g, sg, si, h, b);
+    }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
       __syncwarp();
@@ -345,11 +352,13 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 // SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows, for timing
 // comparisons; every variant gives the same bits:
 //   base3 (default): no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills);
-//   prefetch: PREFETCH, 2 CTAs per SM;  base: no prefetch, 2 CTAs per SM (no spills);
-//   wide: no prefetch, 16 load steps per batch (twice the bytes in flight per warp), 2 CTAs per SM.
-enum class PoolVariant { kPrefetch, kBase, kBase3, kWide };
+//   prefetch: PREFETCH, 2 CTAs per SM;  base: no prefetch, 2 CTAs per SM;
+//   wide: no prefetch, 16 load steps per batch (twice the bytes in flight per warp), 2 CTAs per SM;
+//   small4: no prefetch, 4 load steps per batch, 4 CTAs per SM (more warps, fewer registers each).
+enum class PoolVariant { kPrefetch, kBase, kBase3, kWide, kSmall4 };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
+  if (v != nullptr && std::strcmp(v, "small4") == 0) return PoolVariant::kSmall4;
   if (v != nullptr && std::strcmp(v, "base") == 0) return PoolVariant::kBase;
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
   if (v != nullptr && std::strcmp(v, "wide") == 0) return PoolVariant::kWide;
@@ -418,6 +427,8 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
         go_kernel(pass_kernel<T, L, false, true, 2>);
       } else if (variant == PoolVariant::kWide) {
         go_kernel(pass_kernel<T, L, false, true, 2, 16>);
+      } else if (variant == PoolVariant::kSmall4) {
+        go_kernel(pass_kernel<T, L, false, true, 4, 4>);
       } else {
         go_kernel(pass_kernel<T, L, false, true, 3>);
       }
@@ -476,6 +487,7 @@ const char* pool_variant_name() {
     case PoolVariant::kBase3: return "base3";
     case PoolVariant::kWide: return "wide";
     case PoolVariant::kPrefetch: return "prefetch";
+    case PoolVariant::kSmall4: return "small4";
     default: return "base3";
   }
 }
