@@ -439,6 +439,7 @@ struct Consumer {
       return own;
     } else {
       if (own == 0) return 0;
+      if ((P.variant & kVariantTestOwnVote) != 0) return own;  // the mutation hook (wrong on purpose)
       const std::uint32_t addr = sm.vote_slot(cw ^ 1, seq);
       const std::uint32_t tag = seq & 0x3FFFFFFFu;
       std::uint32_t w;

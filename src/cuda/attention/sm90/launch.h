@@ -37,6 +37,8 @@ constexpr int kVariantNoPersistent = 64;    // never persistent (overrides the d
 constexpr int kVariantClusterKV = 128;      // dense hd128 non-causal: CTA pairs share K/V loads (TMA multicast)
 constexpr int kVariantLegacyPv = 256;       // pv_threshold: the pre-round-5 path (unpaired 64-key tiles, one
                                             // bar.red.and of all consumer threads per tile, lockstep)
+constexpr int kVariantTestOwnVote = 512;    // test hook, WRONG ON PURPOSE: BLKQ 128 decides pv_threshold on each
+                                            // warpgroup's own rows (no peer vote); the pattern tests must fail
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles, and a LUT or head
 // dim 64 (docs/attention_sm90.md, round 4: where the round-3 measurements never lost).
 int variant_bits();
