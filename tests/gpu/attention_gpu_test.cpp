@@ -630,14 +630,25 @@ std::vector<char> lse_written(const Problem& p) {
   return w;
 }
 
-void check_case(const Cfg& c) {
+// The oracle's and the fp32 reference's outputs of one problem.
+struct Expected {
+  std::vector<float> oracle_o, oracle_lse, ref_o, ref_lse;
+};
+
+void check_case(const Cfg& c, const Problem* given = nullptr, const Expected* given_expected = nullptr) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   if (c.path != nullptr && !device_is_sm90()) GTEST_SKIP() << "the selected path already is the portable one here";
-  const Problem p = make_problem(c);
-  std::vector<float> oracle_o, oracle_lse, ref_o, ref_lse;
-  oracle_cpu(p, oracle_o, oracle_lse);
-  if (::testing::Test::HasFatalFailure()) return;
-  reference_fp32(p, ref_o, ref_lse);
+  Problem made;
+  Expected computed;
+  if (given == nullptr) {
+    made = make_problem(c);
+    oracle_cpu(made, computed.oracle_o, computed.oracle_lse);
+    if (::testing::Test::HasFatalFailure()) return;
+    reference_fp32(made, computed.ref_o, computed.ref_lse);
+  }
+  const Problem& p = given != nullptr ? *given : made;
+  const Expected& ex = given != nullptr ? *given_expected : computed;
+  const std::vector<float>&oracle_o = ex.oracle_o, &oracle_lse = ex.oracle_lse, &ref_o = ex.ref_o, &ref_lse = ex.ref_lse;
   const GpuOut g = run_gpu(p);
   EXPECT_TRUE(g.guards) << "a guard region was overwritten";
 
@@ -679,11 +690,12 @@ void check_case(const Cfg& c) {
 void check_pattern_case(const Cfg& c) {
   if (c.path != nullptr || c.variant >= 0) return check_case(c);  // the inputs' checks run once, on the plain case
   const Problem p = make_problem(c);
-  std::vector<float> oracle_o, oracle_lse, ref_o, ref_lse;
-  oracle_cpu(p, oracle_o, oracle_lse);
+  Expected ex;
+  oracle_cpu(p, ex.oracle_o, ex.oracle_lse);
   if (::testing::Test::HasFatalFailure()) return;
   PairStats st{};
-  reference_fp32(p, ref_o, ref_lse, PvRule::exact, &st);
+  reference_fp32(p, ex.ref_o, ex.ref_lse, PvRule::exact, &st);
+  const std::vector<float>&oracle_o = ex.oracle_o, &ref_o = ex.ref_o;
   const double tol = 2 * compare(ref_o.data(), oracle_o.data(), oracle_o.size()).max_abs + 1e-5 + c.spread_noise_o;
   if (c.blkk == 64) {
     EXPECT_GT(st[0], 0) << "no pair with neither block skipped";
@@ -706,7 +718,7 @@ void check_pattern_case(const Cfg& c) {
     const double err = compare(mo.data(), oracle_o.data(), oracle_o.size()).max_abs;
     EXPECT_GT(err, 20 * tol) << "rule " << to_string(r) << " is not detectable: error " << err << " vs tolerance " << tol;
   }
-  check_case(c);
+  check_case(c, &p, &ex);
 }
 
 // ---- case lists ----------------------------------------------------------------------------------
@@ -715,11 +727,11 @@ const int kDims[] = {64, 128};
 const int kBlocks[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
 
 void add(std::vector<Case>& cases, const Cfg& c) {
-  const auto check = c.pv_pattern ? check_pattern_case : check_case;
-  cases.push_back({c.name(), [c, check] { check(c); }});
+  const bool pattern = c.pv_pattern;
+  cases.push_back({c.name(), [c, pattern] { pattern ? check_pattern_case(c) : check_case(c); }});
   Cfg forced = c;
   forced.path = "portable";
-  cases.push_back({forced.name(), [forced, check] { check(forced); }});
+  cases.push_back({forced.name(), [forced, pattern] { pattern ? check_pattern_case(forced) : check_case(forced); }});
 }
 
 // ---- timing --------------------------------------------------------------------------------------
