@@ -952,6 +952,12 @@ SPARGE_CASES(AttentionGpuSparse) {
   // key-block counts (half tiles), and on the sm90 path with the switches that change the pv
   // path: 1 (unpaired, per-warpgroup vote), 4 (no pingpong), 32 (persistent, 3 CTAs: the vote
   // ring's tags run on across many query tiles), 256 (the legacy path).
+  // |O| ~ 100 here (V = 100 + 10 N): the fp32 accumulations of the kernels (tensor-core sums, P
+  // rounded to the input dtype) land up to 2.4x the fp32 reference's error (max 6e-4, H200
+  // 2026-11-30, on every path including the portable kernel and the legacy pv path), so the
+  // absolute noise term allows 1e-3; the wrong decision rules still miss by more than 20x the
+  // resulting tolerance (checked on the CPU by check_pattern_case).
+  constexpr double kPatternNoise = 1e-3;
   for (DType dt : kTypes)
     for (int d : kDims)
       for (auto& bl : kBlocks)
@@ -959,7 +965,7 @@ SPARGE_CASES(AttentionGpuSparse) {
           Cfg c;
           c.dt = dt; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.causal = causal; c.hq = 2; c.hk = 1;
           c.sq = 389; c.sk = 1100; c.lut = Lut::full; c.pv_thr = 4.0f; c.scale = 1.0f;
-          c.pv_pattern = true;
+          c.pv_pattern = true; c.spread_noise_o = kPatternNoise;
           add(cases, c);
         }
   for (int d : kDims)
@@ -969,7 +975,7 @@ SPARGE_CASES(AttentionGpuSparse) {
         Cfg c;
         c.dt = DType::f16; c.d = d; c.blkq = bl[0]; c.blkk = bl[1]; c.causal = v == 32; c.hq = 2; c.hk = 1;
         c.sq = 389; c.sk = 1100; c.lut = Lut::full; c.pv_thr = 4.0f; c.scale = 1.0f;
-        c.pv_pattern = true; c.variant = v;
+        c.pv_pattern = true; c.variant = v; c.spread_noise_o = kPatternNoise;
         add(cases, c);
       }
   // Empty rows: Sq > Sk under causal masking.

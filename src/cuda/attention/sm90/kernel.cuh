@@ -423,7 +423,7 @@ struct Consumer {
     const std::uint32_t n = named_barrier_popc(kOwnVoteBarrier + cw, 128, pred);
     const int bits = uniform(((n & 7u) == 4u ? 1 : 0) | ((n >> 3) == 4u ? 2 : 0));
     if constexpr (Tr::kConsumers == 2) {
-      if (warp == 0 && lane == 0) shared_store_volatile(sm.vote_slot(cw, seq), vote_word(seq, bits));
+      if (warp == 0 && lane == 0) shared_store_atomic(sm.vote_slot(cw, seq), vote_word(seq, bits));
     }
     return bits;
   }
@@ -444,7 +444,7 @@ struct Consumer {
       const std::uint32_t tag = seq & 0x3FFFFFFFu;
       std::uint32_t w;
       do {
-        w = static_cast<std::uint32_t>(uniform(static_cast<int>(shared_load_volatile(addr))));
+        w = static_cast<std::uint32_t>(uniform(static_cast<int>(shared_load_atomic(addr))));
       } while ((w >> 2) != tag);
       return own & static_cast<int>(w & 3u);
     }
@@ -686,7 +686,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
   // The pv_threshold vote ring: every slot starts with a tag no early sequence number has
   // (0x3FFFFFFF; slot k is first read for seq k < kVoteRing, and written by then).
   if (tid < Tr::kConsumers * static_cast<int>(Smem<Tr>::kVoteRing)) {
-    shared_store_volatile(sm.vote_slot(tid / Smem<Tr>::kVoteRing, tid % Smem<Tr>::kVoteRing), ~0u);
+    shared_store_atomic(sm.vote_slot(tid / Smem<Tr>::kVoteRing, tid % Smem<Tr>::kVoteRing), ~0u);
   }
   __syncthreads();
   // The peer's TMA and arrivals must not reach barriers it has not initialized yet.

@@ -106,14 +106,20 @@ __device__ __forceinline__ std::uint32_t named_barrier_popc(int id, int threads,
   return out;
 }
 
-// One 32-bit word of shared memory written and read without caching in registers (the
-// pv_threshold vote ring: a word carries its own tag, so no other data needs ordering).
-__device__ __forceinline__ void shared_store_volatile(std::uint32_t addr, std::uint32_t v) {
-  asm volatile("st.volatile.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+// One 32-bit word of shared memory written and read by different warpgroups without a barrier
+// between them (the pv_threshold vote ring: a word carries its own tag, so no other data needs
+// ordering). Atomic instructions: strong operations in the PTX memory model, which
+// compute-sanitizer's racecheck also recognises (plain volatile accesses, morally strong too, were
+// reported as hazards on the H200, 2026-11-30). The load is an atomic OR of 0; both run once per
+// key tile and warpgroup (the load only when the warpgroup's own rows all vote to skip).
+__device__ __forceinline__ void shared_store_atomic(std::uint32_t addr, std::uint32_t v) {
+  std::uint32_t old;
+  asm volatile("atom.shared.exch.b32 %0, [%1], %2;\n" : "=r"(old) : "r"(addr), "r"(v) : "memory");
+  (void)old;
 }
-__device__ __forceinline__ std::uint32_t shared_load_volatile(std::uint32_t addr) {
+__device__ __forceinline__ std::uint32_t shared_load_atomic(std::uint32_t addr) {
   std::uint32_t v;
-  asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  asm volatile("atom.shared.or.b32 %0, [%1], 0;\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
 
