@@ -366,12 +366,14 @@ PoolVariant pool_variant() {
   return PoolVariant::kBase3;  // the fastest on the H200 (2026-11-30)
 }
 
-// SPARGE_BLOCKMAP_KMEAN (read per call; same bits either way): `fold` (default) computes the K
-// mean in pass 1 (the warp that adds a unit's last chunk sum, above); `launch` runs k_mean_kernel
-// as its own launch between the passes.
+// SPARGE_BLOCKMAP_KMEAN (read per call; same bits either way): `launch` (default) runs
+// k_mean_kernel as its own launch between the passes; `fold` computes the K mean in pass 1 (the
+// warp that adds a unit's last chunk sum, above). H200, 2026-11-30 (b2 h32 s16384 d128, 128x64):
+// folded, pass 1 took 0.241 ms against 0.151 + 0.018 for pass 1 and the launch (bench 0.404 vs
+// 0.345 ms): the last arrivers' serial reductions end up on the critical path.
 bool kmean_folded() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_KMEAN");
-  return !(v != nullptr && std::strcmp(v, "launch") == 0);
+  return v != nullptr && std::strcmp(v, "fold") == 0;
 }
 // SPARGE_BLOCKMAP_KFIRST=1 (read per call; same bits): pass 1 takes the K chunk sums before the Q
 // blocks (the K means are then ready half way through pass 1, but pass 2 no longer starts on K rows

@@ -716,15 +716,17 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
   return cudaGetLastError();
 }
 
-// SPARGE_BLOCKMAP_SCORESEL (read per call) for rows of at most 256 key blocks: `4` (default) or `8`
-// rows per warp of the fused score_select_kernel (32 or 64 query blocks per CTA; 8 x 8 scores per
-// lane spill a little); `0` runs the scores (scores.cu) and the selection as two launches through
-// memory. Same bits every way.
+// SPARGE_BLOCKMAP_SCORESEL (read per call) for rows of at most 256 key blocks: `0` (default) runs
+// the scores (scores.cu) and the selection as two launches through memory; `4` or `8` rows per
+// warp of the fused score_select_kernel (32 or 64 query blocks per CTA; 8 x 8 scores per lane
+// spill a little). Same bits every way. H200, 2026-11-30 (b2 h32 s16384 d128, scores + select, ms):
+// 64x64 0.099 (two launches) vs 0.119 (4) / 0.112 (8); 128x64 0.065 vs 0.063 / 0.092; 64x128
+// 0.070 vs 0.074 / 0.066: the fused kernel does not win where it matters, so it is opt-in.
 int score_select_rows() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SCORESEL");
-  if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
+  if (v != nullptr && std::strcmp(v, "4") == 0) return 4;
   if (v != nullptr && std::strcmp(v, "8") == 0) return 8;
-  return 4;
+  return 0;
 }
 
 template <int IPT, int ROWS>
