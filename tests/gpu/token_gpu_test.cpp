@@ -960,16 +960,20 @@ SPARGE_CASES(GatherGpuLong) {
                          }
                        }
                        // The union kernel's variants (default attention path).
-                       struct Knob { const char* ctas; const char* mask_rows; const char* overlap; };
-                       for (const Knob k : {Knob{"1", nullptr, nullptr}, Knob{"2", nullptr, nullptr}, Knob{nullptr, "3", nullptr},
-                                            Knob{nullptr, "0", nullptr}, Knob{"1", "5", nullptr}, Knob{nullptr, nullptr, "3"},
-                                            Knob{"1", nullptr, "5"}}) {
+                       // SPARGE_GATHER_UNION_VARIANT: 0 = the per-list loop with rank + popcount, 1 =
+                       // streamed batches, 2 = the position map alone (default 3: both).
+                       struct Knob { const char* ctas; const char* mask_rows; const char* overlap; const char* variant; };
+                       for (const Knob k : {Knob{"1", nullptr, nullptr, nullptr}, Knob{"2", nullptr, nullptr, nullptr}, Knob{nullptr, "3", nullptr, nullptr},
+                                            Knob{nullptr, "0", nullptr, nullptr}, Knob{"1", "5", nullptr, nullptr}, Knob{nullptr, nullptr, "3", nullptr},
+                                            Knob{"1", nullptr, "5", nullptr}, Knob{nullptr, nullptr, nullptr, "0"}, Knob{nullptr, nullptr, nullptr, "1"},
+                                            Knob{"1", "3", nullptr, "2"}, Knob{"2", "5", nullptr, "1"}, Knob{nullptr, "0", nullptr, "1"}}) {
                          ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", k.ctas);
                          ScopedEnv e2("SPARGE_GATHER_UNION_MASK_ROWS", k.mask_rows);
                          ScopedEnv e3("SPARGE_GATHER_OVERLAP", k.overlap);
+                         ScopedEnv e4("SPARGE_GATHER_UNION_VARIANT", k.variant);
                          const std::string tag = std::string("ctas=") + (k.ctas ? k.ctas : "auto") +
                                                  " mask_rows=" + (k.mask_rows ? k.mask_rows : "auto") +
-                                                 " overlap=" + (k.overlap ? k.overlap : "off");
+                                                 " overlap=" + (k.overlap ? k.overlap : "off") + " variant=" + (k.variant ? k.variant : "3");
                          check_gather(run_gather(g, Backend::cuda, true, 64), o_ref, lse_ref, lowp_err, tag + " ur=64");
                          check_gather(run_gather(g, Backend::cuda, true, 7), o_ref, lse_ref, lowp_err, tag + " ur=7");
                        }
@@ -1010,17 +1014,49 @@ SPARGE_CASES(GatherGpuLong) {
                      const std::int32_t dup = g.idx[static_cast<size_t>(row * 256)];
                      g.idx[static_cast<size_t>(row * 256 + 100)] = dup;
                      const std::string want = "indices[0, 5, 33, 100] = " + std::to_string(dup) + " repeats an earlier entry";
+                     for (const char* variant : {"0", "1", "2", "3"})
                      for (const char* ctas : {"1", "2", "8"}) {
                        for (const char* mr : {static_cast<const char*>(nullptr), "0", "3"}) {
+                         ScopedEnv e0("SPARGE_GATHER_UNION_VARIANT", variant);
                          ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
                          ScopedEnv e2("SPARGE_GATHER_UNION_MASK_ROWS", mr);
                          for (bool uni : {false, true}) {
                            const GOut out = run_gather(g, Backend::cuda, uni, 16);
-                           EXPECT_EQ(out.st.code(), StatusCode::invalid_argument) << "ctas=" << ctas;
+                           EXPECT_EQ(out.st.code(), StatusCode::invalid_argument) << "ctas=" << ctas << " variant=" << variant;
                            EXPECT_NE(out.st.message().find(want), std::string::npos) << out.st.message();
                          }
                        }
                      }
+                   }});
+  // Sk = 20000: 625 bitmap words, two per thread of the rank scan, with the group split over a
+  // cluster (CTA ranks > 0 rank their words too; before 2026-11-30 s3 only CTA 0 advanced its
+  // position past its first word), under each union variant (the position map: Sk <= 32768).
+  cases.push_back({"GATHER_GPU_LONG_WIDE_SK(sk=20000,union_variants,ctas,mask_rows)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const GCase c{1, 8, 2, 64, 20000, 64, 512, DType::f16, false, false, 0.0, 64, 0.3};
+                     const GProblem g = make_gather(c, "GATHER_GPU_LONG_WIDE_SK");
+                     std::vector<double> o_ref, lse_ref, o_lp, lse_lp;
+                     gather_reference(g, false, o_ref, lse_ref);
+                     gather_reference(g, true, o_lp, lse_lp);
+                     std::vector<float> o_lpf(o_lp.begin(), o_lp.end());
+                     const double lowp_err = max_abs_err(o_lpf, o_ref);
+                     const GOut first = run_gather(g, Backend::cuda, true, 64);
+                     check_gather(first, o_ref, lse_ref, lowp_err, "default");
+                     // mask_rows 3: small enough mask batches for the position map to fit (at the
+                     // default batch size it exceeds the map's shared-memory cap at this Sk).
+                     for (const char* variant : {"0", "1", "2", "3"})
+                       for (const char* ctas : {"1", "2", "8"})
+                       for (const char* mr : {static_cast<const char*>(nullptr), "3"}) {
+                         ScopedEnv e0("SPARGE_GATHER_UNION_VARIANT", variant);
+                         ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
+                         ScopedEnv e2("SPARGE_GATHER_UNION_MASK_ROWS", mr);
+                         const std::string tag = std::string("variant=") + variant + " ctas=" + ctas + " mask_rows=" + (mr ? mr : "auto");
+                         const GOut out = run_gather(g, Backend::cuda, true, 64);
+                         check_gather(out, o_ref, lse_ref, lowp_err, tag);
+                         ASSERT_TRUE(out.st.ok()) << tag;
+                         EXPECT_EQ(std::memcmp(first.o.data(), out.o.data(), first.o.size() * 4), 0) << tag << ": O differs from the default";
+                         EXPECT_EQ(std::memcmp(first.lse.data(), out.lse.data(), first.lse.size() * 4), 0) << tag << ": LSE differs";
+                       }
                    }});
 }
 
@@ -1193,7 +1229,7 @@ SPARGE_CASES(GatherGpuKv) {
                          check_gather(uni, o_ref, lse_ref, lowp_err, what);
                          gather_kv::expect_bitwise(uni, run_gather(kv.expanded, Backend::cuda, true, ur), what + " vs expanded");
                          using gather_long::ScopedEnv;
-                         for (const char* path : {"mma", "wgmma64"}) {  // default: wgmma for groups >= 128 rows on sm_90
+                         for (const char* path : {"mma", "wgmma"}) {  // default: wgmma64 for groups >= 128 rows on sm_90
                            ScopedEnv e0("SPARGE_GATHER_PATH", path);
                            const GOut up = run_gather(kv.expanded, Backend::cuda, true, ur, &kv.idx, &kv.counts, c.hk);
                            check_gather(up, o_ref, lse_ref, lowp_err, what + " path=" + path);
@@ -1201,12 +1237,14 @@ SPARGE_CASES(GatherGpuKv) {
                          }
                          // The union kernel's variants: one CTA / clusters, shared-memory mask
                          // batches of one list, global atomics (each list's mask to G rows).
+                         for (const char* variant : {"0", "1", "2", "3"})
                          for (const char* ctas : {"1", "8"})
                            for (const char* mrows : {"1", "0"}) {
+                             ScopedEnv e0("SPARGE_GATHER_UNION_VARIANT", variant);
                              ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ctas);
                              ScopedEnv e2("SPARGE_GATHER_UNION_MASK_ROWS", mrows);
                              gather_kv::expect_bitwise(uni, run_gather(kv.expanded, Backend::cuda, true, ur, &kv.idx, &kv.counts, c.hk),
-                                                       what + " ctas=" + ctas + " mask_rows=" + mrows);
+                                                       what + " ctas=" + ctas + " mask_rows=" + mrows + " variant=" + variant);
                            }
                        }
                        if (cpu_kv.st.code() != StatusCode::unsupported) {
@@ -1255,7 +1293,9 @@ SPARGE_CASES(GatherGpuKv) {
                        std::vector<Backend> backends{Backend::cpu};
                        if (have_gpu()) backends.push_back(Backend::cuda);
                        for (Backend be : backends)
+                         for (const char* variant : {"0", "3"})
                          for (bool uni : {false, true}) {
+                           gather_long::ScopedEnv e0("SPARGE_GATHER_UNION_VARIANT", variant);
                            const GOut out = run_gather(g, be, uni, 64, &idx, &cnt, 2);
                            EXPECT_EQ(out.st.code(), StatusCode::invalid_argument);
                            EXPECT_NE(out.st.message().find(bl.fragment), std::string::npos) << out.st.message();
@@ -1330,11 +1370,14 @@ SPARGE_CASES(GatherGpuKv) {
                      p.union_rows = 64;
                      const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
                      std::vector<unsigned char> ref;
-                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; };
+                     // union_variant: SPARGE_GATHER_UNION_VARIANT (nullptr: the default, 3).
+                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; const char* union_variant = nullptr; };
                      const Variant vs[] = {{"q", true, nullptr, nullptr},   {"kv", true, nullptr, nullptr},  {"q", true, "mma", nullptr},
-                                           {"kv", true, "mma", nullptr},    {"q", true, "wgmma64", nullptr}, {"kv", true, "wgmma64", nullptr},
-                                           {"kv", true, nullptr, "4"},      {"kv", true, "wgmma64", "4"},    {"q", false, nullptr, nullptr},
-                                           {"kv", false, nullptr, nullptr}};
+                                           {"kv", true, "mma", nullptr},    {"q", true, "wgmma", nullptr},   {"kv", true, "wgmma", nullptr},
+                                           {"kv", true, nullptr, "4"},      {"kv", true, "wgmma", "4"},      {"q", false, nullptr, nullptr},
+                                           {"kv", false, nullptr, nullptr}, {"q", true, nullptr, nullptr, "0"}, {"kv", true, nullptr, nullptr, "0"},
+                                           {"q", true, nullptr, nullptr, "1"}, {"kv", true, nullptr, nullptr, "1"},
+                                           {"q", true, nullptr, nullptr, "2"}, {"kv", true, nullptr, nullptr, "2"}};
                      for (const Variant& v : vs) {
                        const bool kvl = std::strcmp(v.layout, "kv") == 0;
                        p.indices = kvl ? make_tensor(dik.data(), DType::i32, {c.b, c.hk, c.sq, c.n_max})
@@ -1343,6 +1386,7 @@ SPARGE_CASES(GatherGpuKv) {
                        p.group_union = v.uni;
                        ScopedEnv e1("SPARGE_GATHER_PATH", v.path);
                        ScopedEnv e2("SPARGE_GATHER_OVERLAP", v.overlap);
+                       ScopedEnv e4("SPARGE_GATHER_UNION_VARIANT", v.union_variant);
                        cudaEvent_t e0, e1v;
                        SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
                        SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
@@ -1372,10 +1416,11 @@ SPARGE_CASES(GatherGpuKv) {
                          diff = std::max(diff, static_cast<double>(std::abs(load_as_float(out.data(), c.t, static_cast<std::int64_t>(i / 2)) -
                                                                           load_as_float(ref.data(), c.t, static_cast<std::int64_t>(i / 2)))));
                        }
-                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s overlap=%s: median %.3f ms (min %.3f max %.3f), "
+                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
                                    "%.1f TFLOPS on attended keys; union overlap (union / sum of distinct lists per group) = %.4f; "
                                    "max |O - O(first)| = %.2e\n",
-                                   kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.overlap ? v.overlap : "off", med,
+                                   kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.overlap ? v.overlap : "off",
+                                   v.union_variant ? v.union_variant : "3", med,
                                    ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, sum_union / sum_lists, diff);
                        EXPECT_LE(diff, 2e-2);
                      }

@@ -41,6 +41,9 @@ constexpr std::int64_t kMaxUnionSmem = 160 * 1024;
 constexpr std::int64_t kScratchBudget = 256ll << 20;
 // Shared memory for the masks of a union CTA's rows (phase B batches rows to fit).
 constexpr std::int64_t kMaskSmem = 72 * 1024;
+// A union CTA takes the position map only while its whole shared memory stays within this, so
+// that two CTAs (the register limit) still fit on an SM of 228 KB.
+constexpr std::int64_t kPosMapSmemCap = 112 * 1024;
 
 using AttnKernel = void (*)(const gather::AttnArgs);
 
@@ -104,16 +107,17 @@ int device_major() {
 //                   in lockstep, so one's softmax overlaps the other's MMAs; each CTA gathers
 //                   the group's K/V itself, twice the L2 reads of 128-row tiles);
 //   mma             the portable kernel, 128-row tiles for groups of at least 128 rows, else 64;
-//   unset / other   on sm_90: "wgmma" for groups of at least 128 rows (union groups; H200
-//                   2026-11-30, 256-row groups: attention 0.154 ms against 0.179 / 0.190 for
-//                   mma64 / mma128), else "mma"; elsewhere "mma".
+//   unset / other   on sm_90: "wgmma64" for groups of at least 128 rows (union groups; H200
+//                   2026-11-30, 256-row groups, two rounds: attention 0.146-0.147 ms against
+//                   0.154-0.156 for wgmma (BM 128) and 0.179 / 0.190 for mma64 / mma128; the whole
+//                   call 0.261 against 0.286 ms with kv-head lists), else "mma"; elsewhere "mma".
 // The wgmma kernels exist for sm_90 only; elsewhere a wgmma request takes the portable default.
 // (A per-row group is Hq/Hk rows, so a taller tile than the group is empty rows.)
 AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   const char* e = std::getenv("SPARGE_GATHER_PATH");
   std::string req = e != nullptr ? e : "";
   if (req != "mma" && req != "mma64" && req != "mma128" && req != "wgmma" && req != "wgmma256" && req != "wgmma64") {
-    req = group_rows >= 128 ? "wgmma" : "mma";
+    req = group_rows >= 128 ? "wgmma64" : "mma";
   }
   bool wgmma = false;
   int tile = group_rows >= 128 ? 128 : 64;
@@ -158,6 +162,18 @@ int union_ctas(int group_rows, int major) {
   int want = gather::kUnionMaxCtas;
   while (want > 1 && want * (gather::kUnionThreads / 32) > group_rows) want /= 2;
   return want;
+}
+
+// SPARGE_GATHER_UNION_VARIANT = bits of gather::UnionVariant (0..3): 1 = kStream (vec4 lists
+// streamed with the next batch in flight), 2 = kPosMap (phase B's key -> position map); unset or
+// invalid: 3, both. Every value gives the same bits (unions, masks, flags' rows).
+int union_variant() {
+  const char* e = std::getenv("SPARGE_GATHER_UNION_VARIANT");
+  if (e == nullptr || *e == '\0') return gather::kStream | gather::kPosMap;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end != '\0' || v < 0 || v > 3) return gather::kStream | gather::kPosMap;
+  return static_cast<int>(v);
 }
 
 // The one selection function of gather_attention (run and supported() share it).
@@ -315,16 +331,17 @@ struct Profile {
       if (x != nullptr) cudaEventDestroy(x);
     }
   }
-  void report(int ctas, int mask_rows, int tile_rows, bool wgmma, int stages, int list_rep, std::int64_t groups, std::int64_t wave) {
+  void report(int ctas, int mask_rows, int variant, bool pos_map, int tile_rows, bool wgmma, int stages, int list_rep, std::int64_t groups,
+              std::int64_t wave) {
     float u = 0, a = 0;
     if (cudaEventSynchronize(ev[2]) != cudaSuccess || cudaEventElapsedTime(&u, ev[0], ev[1]) != cudaSuccess ||
         cudaEventElapsedTime(&a, ev[1], ev[2]) != cudaSuccess) {
       return;
     }
     std::fprintf(stderr,
-                 "[gather profile] wave 0 of %lld groups (wave %lld): union %.3f ms (ctas %d, mask_rows %d, %s lists), attention %.3f ms "
+                 "[gather profile] wave 0 of %lld groups (wave %lld): union %.3f ms (ctas %d, mask_rows %d, variant %d%s, %s lists), attention %.3f ms "
                  "(%s, BM %d%s)\n",
-                 static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, mask_rows, list_rep > 1 ? "kv-head" : "per-row", a,
+                 static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, mask_rows, variant, pos_map ? " pos map" : "", list_rep > 1 ? "kv-head" : "per-row", a,
                  wgmma ? "wgmma" : "mma.sync", tile_rows, wgmma && stages == 2 ? ", 2 stages" : "");
   }
 };
@@ -425,7 +442,18 @@ Status gather_attention(const GatherAttentionParams& p) {
       if (cap >= 0) ua.mask_rows = std::min(ua.mask_rows, cap);
     }
     union_smem = ua.mask_off + static_cast<int>(ua.mask_rows * mask_row_bytes);
+    // The key -> union position map of variant kPosMap (2 bytes per key, after the masks): only
+    // for the shared-memory mask batches, Sk <= kPosMapMaxKeys (positions fit 16 bits) and within
+    // kPosMapSmemCap (two CTAs of 512 threads still share an SM).
+    ua.pos_off = -1;
+    const std::int64_t pos_off = (union_smem + 15) / 16 * 16;
+    if ((ua.variant & gather::kPosMap) != 0 && ua.mask_rows > 0 && geo.sk <= gather::kPosMapMaxKeys &&
+        pos_off + 2 * geo.sk <= kPosMapSmemCap) {
+      ua.pos_off = static_cast<int>(pos_off);
+      union_smem = static_cast<int>(pos_off + 2 * geo.sk);
+    }
   };
+  ua.variant = union_variant();
   const int major = device_major();
   set_ctas(union_ctas(units, major));
 
@@ -525,7 +553,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     }
   }
   side.join();  // the flags are written by union kernels on the side stream
-  if (prof.on) prof.report(ua.ctas, ua.mask_rows, tile_rows, ac.wgmma, ac.stages, list_rep, total_groups, wave);
+  if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, tile_rows, ac.wgmma, ac.stages, list_rep, total_groups, wave);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
   e = fl.fetch();

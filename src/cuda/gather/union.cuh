@@ -57,7 +57,16 @@ struct UnionArgs {
   int rows_per_cta;  // units per CTA: ceil(geo.rows / list_rep / ctas)
   int mask_rows;     // units whose masks fit in shared memory at once; 0: global atomics
   int mask_off;      // byte offset of the shared mask area (after bitmap and ranks)
+  // SPARGE_GATHER_UNION_VARIANT bits (same bits out under every value):
+  //   kStream    vec4 lists through stream_entries (next batch in flight while one is processed);
+  //   kPosMap    phase B looks union positions up in a 16-bit key -> position map in shared memory
+  //              (pos_off; only when Sk <= kPosMapMaxKeys and it fits) instead of rank + popcount.
+  int variant;
+  int pos_off;       // byte offset of the position map; < 0: no map
 };
+
+enum UnionVariant : int { kStream = 1, kPosMap = 2 };
+constexpr int kPosMapMaxKeys = 32768;  // 64 KB of u16 positions
 
 // Calls fn(unit, row_id, j) for every valid, causally visible entry of every unit (list) in
 // [r_begin, r_end) of the group, one warp per list; row_id = (b * L + l) * Sq + i names the list.
@@ -118,7 +127,115 @@ __device__ __forceinline__ void for_each_entry(const UnionArgs& a, const GroupPo
   }
 }
 
-__global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a) {
+// The vec4 iterator of variant kStream: a warp's lists as one stream of batches (4 x 16-byte loads
+// per lane = 512 entries per warp), the next batch's loads issued before the current batch is
+// processed, so each warp has a batch in flight while it works, instead of one round trip per batch
+// plus one for each list's count. A list's first batch is read before its count is known (chunks
+// below n_max / 4: inside the row), then entries past the count are ignored. Per entry the checks
+// are branch-free: fn(unit, j, ok) sees j = 0 when !ok (so its shared-memory reads stay in bounds)
+// and returns nonzero when the entry repeats a key of its list; repeats are flagged once per batch
+// (the host re-reads the flagged list, so which entry repeated does not matter here).
+template <class Fn>
+__device__ __forceinline__ void stream_entries(const UnionArgs& a, const GroupPos& gp, int r_begin, int r_end, bool record, Fn&& fn) {
+  const Geometry& geo = a.geo;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  constexpr int kWarps = kUnionThreads / 32;
+  constexpr int kBatch = 4 * 32;  // 16-byte chunks per warp batch
+  const int n4max = a.n_max >> 2;
+  const int sk = static_cast<int>(geo.sk);
+  struct List {
+    const int4* l4;
+    const std::int32_t* cnt;
+    std::uint64_t row_id;
+    std::int32_t bound;  // key j is visible iff j <= bound (clamped to [-1, Sk - 1])
+  };
+  auto locate = [&](int gr) {
+    const bool per_row = a.list_rep == 1;
+    const std::int64_t i = gp.i0 + (per_row ? gr / geo.g : gr);
+    const std::int64_t h = per_row ? gp.hk * geo.g + gr % geo.g : gp.hk;
+    List l;
+    l.row_id = static_cast<std::uint64_t>((gp.b * a.list_heads + h) * geo.sq + i);
+    l.cnt = a.counts + gp.b * a.n0 + h * a.n1 + i * a.n2;
+    l.l4 = reinterpret_cast<const int4*>(a.indices + gp.b * a.x0 + h * a.x1 + i * a.x2);
+    std::int64_t bound = geo.causal ? i + geo.sk - geo.sq : geo.sk - 1;
+    bound = bound < -1 ? -1 : (bound > geo.sk - 1 ? geo.sk - 1 : bound);
+    l.bound = static_cast<std::int32_t>(bound);
+    return l;
+  };
+  auto load = [&](int4 (&v)[4], const int4* l4, int base, int lim) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int c4 = base + k * 32 + lane;
+      v[k] = c4 < lim ? __ldg(l4 + c4) : make_int4(0, 0, 0, 0);
+    }
+  };
+  auto checked_count = [&](int c, const List& l) {
+    if (c < 0 || c > a.n_max) {
+      if (record && lane == 0) flags::record(&a.flags[kBadCount], l.row_id, static_cast<std::uint32_t>(c));
+      c = c < 0 ? 0 : a.n_max;
+    }
+    return c;
+  };
+
+  int gr = r_begin + warp;
+  if (gr >= r_end) return;
+  List cur = locate(gr);
+  int4 v[4];
+  const int raw0 = __ldg(cur.cnt);
+  load(v, cur.l4, 0, n4max);
+  int cnt = checked_count(raw0, cur);
+  int base = 0;
+  while (true) {
+    // The next batch: the rest of this list, else the warp's next list (its count with it).
+    const int n4 = (cnt + 3) >> 2;
+    int ngr = gr, nbase = base + kBatch;
+    if (nbase >= n4) {
+      ngr = gr + kWarps;
+      nbase = 0;
+    }
+    const bool more = ngr < r_end;
+    int4 w[4];
+    List nxt = cur;
+    int nraw = 0;
+    if (more) {
+      if (ngr != gr) {
+        nxt = locate(ngr);
+        nraw = __ldg(nxt.cnt);
+        load(w, nxt.l4, 0, n4max);
+      } else {
+        load(w, cur.l4, nbase, n4);
+      }
+    }
+    std::uint32_t dup = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int t0 = (base + k * 32 + lane) * 4;
+      const std::int32_t js[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const std::int32_t j = js[c];
+        const bool listed = t0 + c < cnt;
+        const bool in_range = static_cast<std::uint32_t>(j) < static_cast<std::uint32_t>(sk);
+        if (record && listed && !in_range) flags::record(&a.flags[kBadIndex], cur.row_id, static_cast<std::uint32_t>(t0 + c));
+        const bool ok = listed && in_range && j <= cur.bound;
+        dup |= fn(gr, ok ? j : 0, ok);
+      }
+    }
+    if (dup != 0) flags::record(&a.flags[kDuplicate], cur.row_id, 0u);
+    if (!more) break;
+    if (ngr != gr) {
+      gr = ngr;
+      cur = nxt;
+      cnt = checked_count(nraw, cur);
+    }
+    base = nbase;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = w[k];
+  }
+}
+
+__global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs a) {
   extern __shared__ __align__(16) unsigned char union_smem[];
   std::uint32_t* bitmap = reinterpret_cast<std::uint32_t*>(union_smem);  // [words_k]
   std::uint32_t* rank = bitmap + a.words_k;  // [words_k]: union position of the word's first key
@@ -139,10 +256,19 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
   __syncthreads();
   // A bit already set needs no atomic: rows of a group share most keys, and atomics on one word
   // serialise. (A stale read only costs a redundant atomicOr.)
-  for_each_entry(a, gp, r_begin, r_end, true, [&](int, std::uint64_t, std::int32_t j) {
-    const std::uint32_t bit = 1u << (j & 31);
-    if ((bitmap[j >> 5] & bit) == 0) atomicOr(&bitmap[j >> 5], bit);
-  });
+  const bool stream = a.vec4 && (a.variant & kStream) != 0;
+  if (stream) {
+    stream_entries(a, gp, r_begin, r_end, true, [&](int, std::int32_t j, bool ok) -> std::uint32_t {
+      const std::uint32_t bit = 1u << (j & 31);
+      if (ok && (bitmap[j >> 5] & bit) == 0) atomicOr(&bitmap[j >> 5], bit);
+      return 0u;
+    });
+  } else {
+    for_each_entry(a, gp, r_begin, r_end, true, [&](int, std::uint64_t, std::int32_t j) {
+      const std::uint32_t bit = 1u << (j & 31);
+      if ((bitmap[j >> 5] & bit) == 0) atomicOr(&bitmap[j >> 5], bit);
+    });
+  }
   if (a.ctas > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The group's union = OR of the cluster's bitmaps. The first cluster barrier publishes every
@@ -172,16 +298,23 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
   std::uint32_t total = 0;
   std::uint32_t pos = scan::block_exclusive_sum<kUnionThreads>(local, scan_storage, total);
   std::int32_t* keys = s.union_keys + w * s.ucap;
+  // Position map (kPosMap): pos_map[j] = union position of key j, for the keys of the union only
+  // (other entries are never read with ok set: phase B visits the keys phase A put in the union).
+  std::uint16_t* pos_map = a.pos_off >= 0 ? reinterpret_cast<std::uint16_t*>(union_smem + a.pos_off) : nullptr;
   for (int i = w_lo; i < w_hi; ++i) {
     rank[i] = pos;
-    if (crank == 0) {
+    if (crank == 0 || pos_map != nullptr) {
       std::uint32_t bits = bitmap[i];
+      std::uint32_t p = pos;
       while (bits != 0) {
         const int bit = __ffs(static_cast<int>(bits)) - 1;
-        keys[pos++] = i * 32 + bit;
+        if (crank == 0) keys[p] = i * 32 + bit;
+        if (pos_map != nullptr) pos_map[i * 32 + bit] = static_cast<std::uint16_t>(p);
+        ++p;
         bits &= bits - 1;
       }
     }
+    pos += __popc(bitmap[i]);
   }
   if (tid == 0 && crank == 0) s.union_size[w] = static_cast<std::int32_t>(total);
   const int words_u = static_cast<int>((total + 63) / 64);
@@ -202,19 +335,42 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionArgs a)
       // 32-bit shared atomics on the halves of the 64-bit words (little-endian: bit u % 64 of word
       // u / 64 is bit u % 32 of half u / 32).
       std::uint32_t* smask32 = reinterpret_cast<std::uint32_t*>(smask);
-      for_each_entry(a, gp, rb, re, false, [&](int gr, std::uint64_t row_id, std::int32_t j) {
-        const std::uint32_t u = union_pos(j);
-        const std::uint32_t bit = 1u << (u & 31);
-        const std::uint32_t old = atomicOr(&smask32[(gr - rb) * 2 * ms + static_cast<int>(u >> 5)], bit);
-        // Which of two equal entries comes second depends on scheduling, so record the key, not t.
-        if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
-      });
+      if (stream) {
+        stream_entries(a, gp, rb, re, false, [&](int gr, std::int32_t j, bool ok) -> std::uint32_t {
+          const std::uint32_t u = pos_map != nullptr ? static_cast<std::uint32_t>(pos_map[j]) : union_pos(j);
+          const std::uint32_t bit = 1u << (u & 31);
+          std::uint32_t old = 0;
+          if (ok) old = atomicOr(&smask32[(gr - rb) * 2 * ms + static_cast<int>(u >> 5)], bit);
+          return old & bit;
+        });
+      } else {
+        for_each_entry(a, gp, rb, re, false, [&](int gr, std::uint64_t row_id, std::int32_t j) {
+          const std::uint32_t u = pos_map != nullptr ? static_cast<std::uint32_t>(pos_map[j]) : union_pos(j);
+          const std::uint32_t bit = 1u << (u & 31);
+          const std::uint32_t old = atomicOr(&smask32[(gr - rb) * 2 * ms + static_cast<int>(u >> 5)], bit);
+          // Which of two equal entries comes second depends on scheduling, so record the key, not t.
+          if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
+        });
+      }
       __syncthreads();
       // Row rb * rep + lr of the group gets unit rb + lr / rep's mask (coalesced over rows).
+      // Element i = word * nrows + lr for i = tid, tid + kUnionThreads, ...: (word, lr) stepped
+      // without a division per store; lr / rep by a multiply-high with ceil(2^32 / rep), exact
+      // while lr * rep < 2^32 (else a division).
       const int nrows = nr * rep;
-      for (int i = tid; i < words_u * nrows; i += kUnionThreads) {
-        const int word = i / nrows, lr = i - word * nrows;
-        gmask[static_cast<std::int64_t>(word) * a.geo.rows + rb * rep + lr] = smask[(lr / rep) * ms + word];
+      const int step_w = kUnionThreads / nrows, step_l = kUnionThreads - step_w * nrows;
+      const bool magic = rep > 1 && static_cast<std::uint64_t>(nrows) * static_cast<std::uint64_t>(rep) < (1ull << 32);
+      const std::uint32_t inv_rep = magic ? static_cast<std::uint32_t>(((1ull << 32) + static_cast<std::uint64_t>(rep) - 1) / static_cast<std::uint64_t>(rep)) : 0u;
+      int word = tid / nrows, lr = tid - word * nrows;
+      while (word < words_u) {
+        const int unit = rep == 1 ? lr : (magic ? static_cast<int>(__umulhi(static_cast<std::uint32_t>(lr), inv_rep)) : lr / rep);
+        gmask[static_cast<std::int64_t>(word) * a.geo.rows + rb * rep + lr] = smask[unit * ms + word];
+        word += step_w;
+        lr += step_l;
+        if (lr >= nrows) {
+          lr -= nrows;
+          ++word;
+        }
       }
     }
   } else {
