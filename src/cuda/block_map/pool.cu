@@ -530,6 +530,10 @@ cudaError_t launch_waves_typed(WaveArgs a, cudaStream_t st, bool* ran) {
   void* args[] = {&a};
   const cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(wave_kernel<T, LANES>),
                                                     dim3(static_cast<unsigned>(ctas)), dim3(kPoolThreads), args, 0, st);
+  if (e == cudaErrorCooperativeLaunchTooLarge) {  // not co-resident after all: the default path
+    (void)cudaGetLastError();
+    return cudaSuccess;
+  }
   *ran = true;
   return e != cudaSuccess ? e : cudaGetLastError();
 }
