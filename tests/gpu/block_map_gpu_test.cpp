@@ -607,8 +607,6 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* pool;
     const char* scoresel;
     const char* persist;
-    const char* waves = nullptr;    // SPARGE_BLOCKMAP_WAVES
-    const char* wave_kb = nullptr;  // SPARGE_BLOCKMAP_WAVE_KB
   };
   const Setting settings[] = {
       {"launch", nullptr, nullptr, nullptr, nullptr},   {nullptr, "1", nullptr, nullptr, nullptr},
@@ -616,27 +614,20 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {"launch", "1", "wide", nullptr, nullptr},        {nullptr, nullptr, nullptr, "0", nullptr},
       {nullptr, nullptr, nullptr, "8", nullptr},        {"launch", nullptr, "base", "0", nullptr},
       {nullptr, nullptr, nullptr, nullptr, "1"},        {nullptr, "1", "prefetch", "8", "1"},
-      {nullptr, nullptr, "small4", nullptr, nullptr},
-      // The wave kernel: one wave (every unit at these sizes), and one unit per wave (1 KB: a grid
-      // sync per unit, K pooling ranges that span two units).
-      {nullptr, nullptr, nullptr, nullptr, nullptr, "1", nullptr},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, "1", "1"},
-      {nullptr, nullptr, nullptr, "8", nullptr, "1", "3000"}};
+      {nullptr, nullptr, "small4", nullptr, nullptr}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
         pool("SPARGE_BLOCKMAP_POOL", st.pool), scoresel("SPARGE_BLOCKMAP_SCORESEL", st.scoresel),
-        persist("SPARGE_BLOCKMAP_PERSIST", st.persist), waves("SPARGE_BLOCKMAP_WAVES", st.waves),
-        wave_kb("SPARGE_BLOCKMAP_WAVE_KB", st.wave_kb);
+        persist("SPARGE_BLOCKMAP_PERSIST", st.persist);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
-                             " SCORESEL=" + show(st.scoresel) + " PERSIST=" + show(st.persist) +
-                             " WAVES=" + show(st.waves) + " WAVE_KB=" + show(st.wave_kb);
+                             " SCORESEL=" + show(st.scoresel) + " PERSIST=" + show(st.persist);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))

@@ -5,9 +5,7 @@
 //           adds the unit's last chunk (folded into pass 1; or as its own launch);
 //   pass 2 (smooth_k): K pooling of the rows shifted by the mean, in reverse item order, so that
 //           it starts on the K rows pass 1 read last (still in L2).
-// So Q is read once and K twice (the smoothed rows' similarity needs the mean first). Opt-in
-// (SPARGE_BLOCKMAP_WAVES=1): wave_kernel, one cooperative launch that reads K once from DRAM and
-// a second time from L2, in waves of (sequence, kv head) units (below).
+// So Q is read once and K twice (the smoothed rows' similarity needs the mean first).
 //
 // One warp per work item (a Q / K block or a K chunk): no shared memory and no block barriers, so
 // a warp's loads overlap the other warps' arithmetic. A row of D values is read by LANES =
@@ -19,7 +17,6 @@
 // Determinism: every sum has a fixed order. A lane adds its rows in row order, the row groups of
 // the warp meet in a fixed shuffle tree, the K chunks are added in chunk order, and the row norms
 // and |sum of unit rows|^2 reduce with fixed shuffle trees. Nothing depends on scheduling.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -78,11 +75,9 @@ struct PassArgs {
 // BATCH: steps of 16-byte loads in flight per lane (kBatch, or 16 for the `wide` variant).
 // SHIFT: sg.shift is set (the K rows of pass 2); without it the subtraction of zeros is left out
 // (x - 0 is x, -0 included: the same bits).
-// STREAM: 16-byte loads with the evict-first hint (ld.global.cs: rows read for the last time, so
-// that they do not push the K rows that the wave kernel reads again out of L2); else __ldg.
-template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT, bool STREAM = false>
+template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
-                                          std::int64_t b, const float* shift_row = nullptr) {
+                                          std::int64_t b) {
   constexpr int kBatch = BATCH;  // shadows the file's default
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
@@ -110,11 +105,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         if (col_ok && r < n) {
           const std::uint16_t* p = row0 + r * rstep;
           if constexpr (VEC) {
-            if constexpr (STREAM) {
-              raw[u] = __ldcs(reinterpret_cast<const uint4*>(p + sub * 8));
-            } else {
-              raw[u] = __ldg(reinterpret_cast<const uint4*>(p + sub * 8));
-            }
+            raw[u] = __ldg(reinterpret_cast<const uint4*>(p + sub * 8));
           } else {
             std::uint16_t v[8];
 #pragma unroll
@@ -131,11 +122,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     float shift[8] = {};
     if (SHIFT && col_ok) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        // shift_row: this unit's mean already in shared memory (the wave kernel), else from L2.
-        shift[j] = shift_row != nullptr ? shift_row[sub * 8 + j]
-                                        : __ldcg(sg.shift + (si * sg.heads + h) * g.d + sub * 8 + j);
-      }
+      for (int j = 0; j < 8; ++j) shift[j] = __ldcg(sg.shift + (si * sg.heads + h) * g.d + sub * 8 + j);
     }
     float sum[8] = {}, unit[8] = {};
     // FULL: every row of the batch is in the item (warp-uniform), so no per-row checks: a lane
@@ -366,202 +353,6 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
   }
 }
 
-// ---- One read of K from DRAM: the cooperative wave kernel (SPARGE_BLOCKMAP_WAVES=1) -------------
-// The (sequence, kv head) units u = si * hk + h are taken in waves of `uw` consecutive units, small
-// enough that a wave's K stays in L2. Phase p (p = 0 .. nwave) of one cooperative launch:
-//   1. the K pooling of wave p - 1 (its rows from L2): each CTA takes a contiguous range of that
-//      wave's items (unit-major, so a range spans at most 2 units while uw <= CTAs), computes the
-//      means of those units from the chunk sums into shared memory (k_mean_kernel's arithmetic, in
-//      its order: the same bits), then its warps pool the items, shifted by the shared means;
-//   2. the K chunk sums of wave p (K from DRAM) and a 1 / (nwave + 1) share of the Q items, one
-//      list handed out warp by warp across the CTAs (warp 7 of every CTA first, so the DRAM reads
-//      spread over all SMs while warps 0.. pool);
-//   then a grid sync (not after the last phase): nwave syncs in all, and no warp ever waits on
-//   another one's item (the fused pass of 2026-11-30 did, and serialised the grid).
-// Every item runs pool_item on the segments of the default path, so every output has the default's
-// bits. The chunk sums load 16 steps per batch (more bytes in flight for their 256-row items; the
-// chunk sums do not depend on the batch size).
-struct WaveArgs {
-  Geometry g;
-  Segment q, ksum, kpool;  // the default path's segments (kpool's shift is taken from shared memory)
-  const float* k_part = nullptr;
-  float* k_mean = nullptr;
-  std::int64_t nchunks = 0, units = 0, uw = 0, nwave = 0;
-  bool stream = true;  // Q and the second K read with the evict-first hint (SPARGE_BLOCKMAP_WAVE_HINT)
-};
-
-// The mean of unit u in k_mean_kernel's order (thread (grp, d) adds the chunks grp, grp + groups,
-// ... in order; dim d adds the groups' sums in group order, / k_len), all threads of the CTA; the
-// loads are issued 16 at a time ahead of the adds (the adds keep their order). Into mean_out
-// (shared), and to k_mean[u] when write_global. Ends with a barrier, starts with none.
-__device__ void cta_k_mean(const Geometry& g, const float* k_part, std::int64_t nchunks, std::int64_t u, float* red,
-                           float* mean_out, float* k_mean, bool write_global) {
-  const int tid = static_cast<int>(threadIdx.x);
-  const int d_count = static_cast<int>(g.d);
-  const int groups = kPoolThreads / d_count;
-  const int grp = tid / d_count, d = tid % d_count;
-  float acc = 0.0f;
-  if (grp < groups) {
-    const float* part = k_part + u * nchunks * d_count + d;
-    constexpr int kAhead = 16;
-    for (std::int64_t c0 = grp; c0 < nchunks; c0 += kAhead * groups) {
-      float v[kAhead];
-#pragma unroll
-      for (int i = 0; i < kAhead; ++i) {
-        const std::int64_t c = c0 + static_cast<std::int64_t>(i) * groups;
-        v[i] = c < nchunks ? __ldcg(part + c * d_count) : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < kAhead; ++i) {
-        if (c0 + static_cast<std::int64_t>(i) * groups < nchunks) acc += v[i];
-      }
-    }
-  }
-  red[tid] = acc;
-  __syncthreads();
-  if (tid < d_count) {
-    const Seq seq = sequence(g, u / g.hk);
-    float t = 0.0f;
-    for (int i = 0; i < groups; ++i) t += red[i * d_count + tid];
-    const float m = seq.k_len > 0 ? t / static_cast<float>(seq.k_len) : 0.0f;
-    mean_out[tid] = m;
-    if (write_global) k_mean[u * d_count + tid] = m;
-  }
-  __syncthreads();
-}
-
-template <class T, int LANES>
-__global__ void __launch_bounds__(kPoolThreads, 2) wave_kernel(const __grid_constant__ WaveArgs a) {
-  __shared__ float red[kPoolThreads];
-  __shared__ float means[2][kPoolThreads];  // the units of this CTA's K pooling range
-  namespace cg = cooperative_groups;
-  cg::grid_group grid = cg::this_grid();
-  const Geometry& g = a.g;
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const std::int64_t ctas = gridDim.x;
-  const std::int64_t nk = a.kpool.nblk;
-  const std::int64_t q_total = a.q.count;
-  // DRAM items go to warp 7 of CTA 0, 1, ..., then warp 6, ...
-  const std::int64_t dram_rank = static_cast<std::int64_t>(kWarps - 1 - warp) * ctas + blockIdx.x;
-  const std::int64_t dram_stride = ctas * kWarps;
-  for (std::int64_t p = 0; p <= a.nwave; ++p) {
-    if (p > 0) {  // 1. the K pooling of wave p - 1 (CTA-uniform control flow around the barriers)
-      const std::int64_t u0 = (p - 1) * a.uw;
-      const std::int64_t nu = a.units - u0 < a.uw ? a.units - u0 : a.uw;
-      const std::int64_t n = nu * nk;
-      const std::int64_t per = (n + ctas - 1) / ctas;
-      const std::int64_t beg = blockIdx.x * per;
-      const std::int64_t end = beg + per < n ? beg + per : n;
-      if (beg < end) {
-        const std::int64_t ua = beg / nk, ub = (end - 1) / nk;  // ub - ua <= 1 (uw <= CTAs)
-        for (std::int64_t uu = ua; uu <= ub; ++uu) {
-          // The CTA whose range holds the unit's block 0 also writes k_mean (same bits everywhere).
-          cta_k_mean(g, a.k_part, a.nchunks, u0 + uu, red, means[uu - ua], a.k_mean, beg <= uu * nk);
-        }
-        for (std::int64_t j = beg + warp; j < end; j += kWarps) {
-          const std::int64_t uu = j / nk, b = j - uu * nk, u = u0 + uu;
-          if (a.stream) {
-            pool_item<T, LANES, false, true, kBatch, true, true>(g, a.kpool, u / g.hk, u % g.hk, b, means[uu - ua]);
-          } else {
-            pool_item<T, LANES, false, true, kBatch, true, false>(g, a.kpool, u / g.hk, u % g.hk, b, means[uu - ua]);
-          }
-        }
-      }
-    }
-    // 2. the chunk sums of wave p, then this phase's share of the Q items.
-    const std::int64_t u0 = p * a.uw;
-    const std::int64_t nu = p < a.nwave ? (a.units - u0 < a.uw ? a.units - u0 : a.uw) : 0;
-    const std::int64_t n_sums = nu * a.nchunks;
-    const std::int64_t qa = q_total * p / (a.nwave + 1), qb = q_total * (p + 1) / (a.nwave + 1);
-    for (std::int64_t j = dram_rank; j < n_sums + (qb - qa); j += dram_stride) {
-      if (j < n_sums) {  // chunk c of unit u0 + uu, the units fastest (neighbouring heads)
-        const std::int64_t c = j / nu, u = u0 + (j - c * nu);
-        pool_item<T, LANES, false, true, 16, false>(g, a.ksum, u / g.hk, u % g.hk, c);
-      } else {
-        const std::int64_t i = qa + (j - n_sums);  // the default's Q item numbering
-        const std::int64_t h = i % a.q.heads, b = (i / a.q.heads) % a.q.nblk, si = i / (a.q.heads * a.q.nblk);
-        if (a.stream) {
-          pool_item<T, LANES, false, true, kBatch, false, true>(g, a.q, si, h, b);
-        } else {
-          pool_item<T, LANES, false, true, kBatch, false, false>(g, a.q, si, h, b);
-        }
-      }
-    }
-    if (p < a.nwave) grid.sync();  // the chunk sums of wave p (and everything else) visible
-  }
-}
-
-// SPARGE_BLOCKMAP_WAVES=1 (read per call; same bits): the pooling with smooth_k as the wave kernel
-// above, where it applies (launch_waves); SPARGE_BLOCKMAP_WAVE_KB (default 16384): the K bytes of a
-// wave (units of more K than that go one per wave).
-bool waves_on() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_WAVES");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
-std::int64_t wave_bytes() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_WAVE_KB");
-  const long long kb = v != nullptr ? std::atoll(v) : 0;
-  return (kb > 0 ? kb : 16384) * 1024;
-}
-// SPARGE_BLOCKMAP_WAVE_HINT=0: plain loads for Q and the second K read (default 1: evict-first).
-bool wave_hint() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_WAVE_HINT");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-// Where the wave kernel does not apply, the default path runs.
-constexpr std::int64_t kMaxUnitBytes = std::int64_t{32} << 20;  // a unit's K beyond ~L2 / 2: no gain
-constexpr std::int64_t kMaxWaves = 64;                          // more grid syncs than that: no gain
-
-template <class T, int LANES>
-cudaError_t launch_waves_typed(WaveArgs a, cudaStream_t st, bool* ran) {
-  int dev = 0, coop = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, wave_kernel<T, LANES>, kPoolThreads, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return cudaSuccess;  // *ran stays false: the default path
-  }
-  if (coop == 0 || per_sm <= 0) return cudaSuccess;
-  const std::int64_t ctas = static_cast<std::int64_t>(sms) * per_sm;
-  // uw <= CTAs keeps a CTA's K pooling range within 2 units (the shared means).
-  if (a.uw > ctas) a.uw = ctas;
-  a.nwave = (a.units + a.uw - 1) / a.uw;
-  if (a.nwave > kMaxWaves) return cudaSuccess;
-  void* args[] = {&a};
-  const cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(wave_kernel<T, LANES>),
-                                                    dim3(static_cast<unsigned>(ctas)), dim3(kPoolThreads), args, 0, st);
-  if (e == cudaErrorCooperativeLaunchTooLarge) {  // not co-resident after all: the default path
-    (void)cudaGetLastError();
-    return cudaSuccess;
-  }
-  *ran = true;
-  return e != cudaSuccess ? e : cudaGetLastError();
-}
-
-// Runs the whole smooth_k pooling as the wave kernel when it applies (*ran), else nothing.
-cudaError_t launch_waves(bool bf16, const WaveArgs& a0, cudaStream_t st, bool* ran) {
-  *ran = false;
-  WaveArgs a = a0;
-  const std::int64_t unit_bytes = a.g.sk * a.g.d * 2;
-  if (!waves_on() || a.units == 0 || a.nchunks == 0 || a.kpool.nblk == 0 || !a.q.x.vec || !a.ksum.x.vec ||
-      unit_bytes > kMaxUnitBytes || a.q.count + a.units * a.nchunks >= (std::int64_t{1} << 40)) {
-    return cudaSuccess;
-  }
-  a.uw = std::max<std::int64_t>(1, wave_bytes() / std::max<std::int64_t>(1, unit_bytes));
-  a.stream = wave_hint();
-  const std::int64_t cols = a.g.d / 8;
-  const auto go = [&](auto lanes) {
-    constexpr int L = decltype(lanes)::value;
-    return bf16 ? launch_waves_typed<__nv_bfloat16, L>(a, st, ran) : launch_waves_typed<__half, L>(a, st, ran);
-  };
-  if (cols <= 1) return go(std::integral_constant<int, 1>{});
-  if (cols <= 2) return go(std::integral_constant<int, 2>{});
-  if (cols <= 4) return go(std::integral_constant<int, 4>{});
-  if (cols <= 8) return go(std::integral_constant<int, 8>{});
-  if (cols <= 16) return go(std::integral_constant<int, 16>{});
-  return go(std::integral_constant<int, 32>{});
-}
-
 // SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows, for timing
 // comparisons; every variant gives the same bits:
 //   base3 (default): no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills);
@@ -742,23 +533,6 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     return e;
   }
   p1.seg[1] = k_sums_segment(g, k, s);
-  {  // SPARGE_BLOCKMAP_WAVES=1: all of it in one cooperative launch, K read once from DRAM
-    WaveArgs w;
-    w.g = g;
-    w.q = p1.seg[0];
-    w.ksum = p1.seg[1];
-    w.kpool = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
-    w.k_part = s.k_part;
-    w.k_mean = s.k_mean;
-    w.nchunks = s.nchunks;
-    w.units = g.nseq * g.hk;
-    bool ran = false;
-    const cudaError_t e = launch_waves(bf16, w, st, &ran);
-    if (ran || e != cudaSuccess) {
-      marks("waves: pool Q + K sums + K mean + pool K");
-      return e;
-    }
-  }
   // The fold needs the counters and at least one chunk per unit (Sk = 0: the launch writes zeros).
   const bool fold = s.k_done != nullptr && s.nchunks > 0 && kmean_folded();
   cudaError_t e = cudaSuccess;
