@@ -526,50 +526,43 @@ def run_token(bench, args):
         extra["union_overlap"] = overlap
         print(f"  -- swap {swap}: union overlap (union / sum of lists per group) = {overlap:.4f}")
         flops = 4.0 * d * float(counts.sum(dtype=torch.float64).item())  # non-causal: every listed key attended
-        outs = {}
-        for uni in (False, True):
-            row = bench.add_token(
-                f"gather {'union' if uni else 'per-row'} swap={swap}",
-                f"sparge CUDA gather_attn group_union={uni} union_rows={args.union_rows}",
-                checked_sparge(lambda q_, k_, v_: sparge.gather_attn(q_, k_, v_, lists, counts, group_union=uni,
-                                                                     union_rows=args.union_rows)),
-                [(q, k, v)], flops, "TFLOPS", extra=dict(extra, group_union=uni))
-            if "error" not in row:
+
+        def time_layout(tag, note, lists_, counts_, flops_, extra_, same_as=None):
+            # Per-row and union gather_attn on one list layout, each checked against the fp32
+            # reference and, with same_as (the other layout's outputs, swap 0), bitwise against it.
+            outs_ = {}
+            for uni in (False, True):
+                row = bench.add_token(
+                    f"gather {'union' if uni else 'per-row'}{tag} swap={swap}",
+                    f"sparge CUDA gather_attn group_union={uni} union_rows={args.union_rows}{note}",
+                    checked_sparge(lambda q_, k_, v_: sparge.gather_attn(q_, k_, v_, lists_, counts_, group_union=uni,
+                                                                         union_rows=args.union_rows)),
+                    [(q, k, v)], flops_, "TFLOPS", extra=dict(extra_, group_union=uni))
+                if "error" in row:
+                    continue
                 try:
-                    outs[uni] = sparge.gather_attn(q, k, v, lists, counts, group_union=uni,
-                                                   union_rows=args.union_rows)
-                    row["maxdiff_vs_reference"] = gather_reference_diff(outs[uni], q, k, v, lists, 128, d ** -0.5)
+                    outs_[uni] = sparge.gather_attn(q, k, v, lists_, counts_, group_union=uni,
+                                                    union_rows=args.union_rows)
+                    row["maxdiff_vs_reference"] = gather_reference_diff(outs_[uni], q, k, v, lists_, 128, d ** -0.5)
                     print(f"  {'':<42} max |gather - fp32 reference| (128 rows) = {row['maxdiff_vs_reference']:.2e}"
                           f"{'' if row['maxdiff_vs_reference'] < 2e-2 else '  MISMATCH'}")
+                    if same_as is not None and uni in same_as:  # identical lists in a group: the same attention
+                        same = torch.equal(outs_[uni], same_as[uni])
+                        print(f"  {'':<42} kv-lists == per-q-head lists bitwise: {same}{'' if same else '  MISMATCH'}")
                 except Exception as e:
                     print(f"  {'':<42} reference check n/a ({reason_of(e)})")
+            return outs_
+
+        outs = time_layout("", "", lists, counts, flops, extra)
         if len(outs) == 2:
             diff = max_diff(outs[False], outs[True])
             print(f"  {'':<42} max |union - per-row| = {diff:.2e}{'' if diff < 2e-2 else '  MISMATCH'}")
         print(f"  -- swap {swap}, lists per kv head [b, hk, sq, n]: union overlap (union / sum of the group's "
               f"{args.union_rows} lists) = {overlap_kv:.4f}")
         flops_kv = 4.0 * d * n * b * hq * sq  # every query head attends its kv head's full list
-        outs_kv = {}
-        for uni in (False, True):
-            kextra = dict(extra, group_union=uni, lists="per kv head", union_overlap=overlap_kv)
-            row = bench.add_token(
-                f"gather {'union' if uni else 'per-row'} kv-lists swap={swap}",
-                f"sparge CUDA gather_attn group_union={uni} union_rows={args.union_rows}, indices [b, hk, sq, n]",
-                checked_sparge(lambda q_, k_, v_: sparge.gather_attn(q_, k_, v_, lists_kv, counts_kv, group_union=uni,
-                                                                     union_rows=args.union_rows)),
-                [(q, k, v)], flops_kv, "TFLOPS", extra=kextra)
-            if "error" not in row:
-                try:
-                    outs_kv[uni] = sparge.gather_attn(q, k, v, lists_kv, counts_kv, group_union=uni,
-                                                      union_rows=args.union_rows)
-                    row["maxdiff_vs_reference"] = gather_reference_diff(outs_kv[uni], q, k, v, lists_kv, 128, d ** -0.5)
-                    print(f"  {'':<42} max |gather - fp32 reference| (128 rows) = {row['maxdiff_vs_reference']:.2e}"
-                          f"{'' if row['maxdiff_vs_reference'] < 2e-2 else '  MISMATCH'}")
-                    if swap == 0 and uni in outs:  # identical lists in a group: the same attention
-                        same = torch.equal(outs_kv[uni], outs[uni])
-                        print(f"  {'':<42} kv-lists == per-q-head lists bitwise: {same}{'' if same else '  MISMATCH'}")
-                except Exception as e:
-                    print(f"  {'':<42} reference check n/a ({reason_of(e)})")
+        outs_kv = time_layout(" kv-lists", ", indices [b, hk, sq, n]", lists_kv, counts_kv, flops_kv,
+                              dict(extra, lists="per kv head", union_overlap=overlap_kv),
+                              same_as=outs if swap == 0 else None)
         del lists, counts, outs, lists_kv, counts_kv, outs_kv
         torch.cuda.empty_cache()
     del q, k, v
