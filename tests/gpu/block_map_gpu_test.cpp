@@ -571,35 +571,6 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
   }
 }
 
-// Sets an environment variable for one scope and restores the previous state.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
-
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
 // as its own launch, K sums first in pass 1, the pooling kernel variants, resident-only pooling
 // grids, the scores and the selection as two launches through memory, and 8 rows per warp in the

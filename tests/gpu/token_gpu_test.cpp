@@ -902,26 +902,6 @@ SPARGE_CASES(TopkGpuStress) {
 // group / clusters; shared-memory mask batches of a few rows; global atomics) via its env knobs.
 namespace gather_long {
 
-// Sets an environment variable for the scope (nullptr: unset), then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value != nullptr) ::setenv(name, value, 1); else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) ::setenv(name_, old_.c_str(), 1); else ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 const char* const kPaths[] = {"default", "mma", "mma64", "mma128", "wgmma", "wgmma256", "wgmma64"};
 
@@ -1068,7 +1048,6 @@ SPARGE_CASES(GatherGpuLong) {
 SPARGE_CASES(GatherGpuPerfPaths) {
   cases.push_back({"GATHER_GPU_PERF_PATHS(b=1,hq=32,hk=8,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
                      if (!have_gpu()) GTEST_SKIP() << "no GPU";
-                     using gather_long::ScopedEnv;
                      const GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
                      const GProblem g = make_gather(c, "GATHER_GPU_PERF_PATHS");
                      DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2), o(g.q.size() * 2);
@@ -1228,7 +1207,6 @@ SPARGE_CASES(GatherGpuKv) {
                          const GOut uni = run_gather(kv.expanded, Backend::cuda, true, ur, &kv.idx, &kv.counts, c.hk);
                          check_gather(uni, o_ref, lse_ref, lowp_err, what);
                          gather_kv::expect_bitwise(uni, run_gather(kv.expanded, Backend::cuda, true, ur), what + " vs expanded");
-                         using gather_long::ScopedEnv;
                          for (const char* path : {"mma", "wgmma"}) {  // default: wgmma64 for groups >= 128 rows on sm_90
                            ScopedEnv e0("SPARGE_GATHER_PATH", path);
                            const GOut up = run_gather(kv.expanded, Backend::cuda, true, ur, &kv.idx, &kv.counts, c.hk);
@@ -1295,7 +1273,7 @@ SPARGE_CASES(GatherGpuKv) {
                        for (Backend be : backends)
                          for (const char* variant : {"0", "3"})
                          for (bool uni : {false, true}) {
-                           gather_long::ScopedEnv e0("SPARGE_GATHER_UNION_VARIANT", variant);
+                           ScopedEnv e0("SPARGE_GATHER_UNION_VARIANT", variant);
                            const GOut out = run_gather(g, be, uni, 64, &idx, &cnt, 2);
                            EXPECT_EQ(out.st.code(), StatusCode::invalid_argument);
                            EXPECT_NE(out.st.message().find(bl.fragment), std::string::npos) << out.st.message();
@@ -1333,7 +1311,6 @@ SPARGE_CASES(GatherGpuKv) {
   // a [gather profile] line (union / attention split of the first wave) after each timing.
   cases.push_back({"GATHER_GPU_KV_PERF(b=1,hq=32,hk=8,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
                      if (!have_gpu()) GTEST_SKIP() << "no GPU";
-                     using gather_long::ScopedEnv;
                      const GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
                      const GProblem g = make_gather(c, "GATHER_GPU_KV_PERF");
                      const KvLists kv = gather_kv::kv_lists(g);
