@@ -112,6 +112,19 @@ __global__ void __launch_bounds__(kThreads) finish_kernel(const __grid_constant_
   }
 }
 
+// Four f32 values to two packed pairs of T (round to nearest) at element offset `off` of `out`.
+__device__ __forceinline__ __half2 pack2(float lo, float hi, __half) { return __floats2half2_rn(lo, hi); }
+__device__ __forceinline__ __nv_bfloat162 pack2(float lo, float hi, __nv_bfloat16) {
+  return __floats2bfloat162_rn(lo, hi);
+}
+template <class T>
+__device__ __forceinline__ void store4(void* out, std::int64_t off, const float4& x) {
+  using Pair = decltype(pack2(0.0f, 0.0f, T{}));
+  Pair* o = reinterpret_cast<Pair*>(static_cast<T*>(out) + off);
+  o[0] = pack2(x.x, x.y, T{});
+  o[1] = pack2(x.z, x.w, T{});
+}
+
 // The same, 4 values per thread: a CTA per (b, r) row (D % 4 == 0, unit stride over D, aligned
 // output rows: checked by launch_finish).
 __global__ void __launch_bounds__(kThreads) finish_rows_kernel(const __grid_constant__ FinishArgs a) {
@@ -125,20 +138,8 @@ __global__ void __launch_bounds__(kThreads) finish_rows_kernel(const __grid_cons
       const float4 x = in[c];
       const std::int64_t off = b * a.out_stride[0] + r * a.out_stride[1] + h * a.out_stride[2] + k * 4;
       switch (a.out_dtype) {
-        case 1: {
-          const __half2 lo = __floats2half2_rn(x.x, x.y), hi = __floats2half2_rn(x.z, x.w);
-          __half2* o = reinterpret_cast<__half2*>(static_cast<__half*>(a.out) + off);
-          o[0] = lo;
-          o[1] = hi;
-          break;
-        }
-        case 2: {
-          const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
-          __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(a.out) + off);
-          o[0] = lo;
-          o[1] = hi;
-          break;
-        }
+        case 1: store4<__half>(a.out, off, x); break;
+        case 2: store4<__nv_bfloat16>(a.out, off, x); break;
         default: *reinterpret_cast<float4*>(static_cast<float*>(a.out) + off) = x; break;
       }
       if (k == 0 && a.lse_out != nullptr) {
