@@ -573,8 +573,11 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
 // as its own launch, K sums first in pass 1, the pooling kernel variants, resident-only pooling
-// grids, the scores and the selection as two launches through memory, and 8 rows per warp in the
-// fused scores + selection.
+// grids, the scores and the selection as two launches through memory, 8 rows per warp in the
+// fused scores + selection, and the smooth_k cluster path (K read once; sm_90, else it falls back
+// to the two passes) with its cluster sizes, occupancy caps, Q inside or as its own pass, and cache
+// hints. Running the whole suite with SPARGE_BLOCKMAP_KPASS=cluster compares every case with the
+// CPU on the cluster path, and these reruns (KPASS unset) with the two passes.
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
     const char* kmean;
@@ -582,6 +585,11 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* pool;
     const char* scoresel;
     const char* persist;
+    const char* kpass = nullptr;
+    const char* csize = nullptr;
+    const char* occ = nullptr;
+    const char* qmode = nullptr;
+    const char* hint = nullptr;
   };
   const Setting settings[] = {
       {"launch", nullptr, nullptr, nullptr, nullptr},   {nullptr, "1", nullptr, nullptr, nullptr},
@@ -589,20 +597,29 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {"launch", "1", "wide", nullptr, nullptr},        {nullptr, nullptr, nullptr, "0", nullptr},
       {nullptr, nullptr, nullptr, "8", nullptr},        {"launch", nullptr, "base", "0", nullptr},
       {nullptr, nullptr, nullptr, nullptr, "1"},        {nullptr, "1", "prefetch", "8", "1"},
-      {nullptr, nullptr, "small4", nullptr, nullptr}};
+      {nullptr, nullptr, "small4", nullptr, nullptr},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster"},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, "two"},
+      {nullptr, nullptr, nullptr, "0", nullptr, "cluster", "8", "2", "pass", "0"},
+      {nullptr, nullptr, "small4", nullptr, nullptr, "cluster", "16", "0", "pass", "2"},
+      {nullptr, nullptr, nullptr, "8", nullptr, "cluster", "8", "1", "in", "2"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
         pool("SPARGE_BLOCKMAP_POOL", st.pool), scoresel("SPARGE_BLOCKMAP_SCORESEL", st.scoresel),
-        persist("SPARGE_BLOCKMAP_PERSIST", st.persist);
+        persist("SPARGE_BLOCKMAP_PERSIST", st.persist), kpass("SPARGE_BLOCKMAP_KPASS", st.kpass),
+        csize("SPARGE_BLOCKMAP_CLUSTER", st.csize), occ("SPARGE_BLOCKMAP_CLUSTER_OCC", st.occ),
+        qmode("SPARGE_BLOCKMAP_CLUSTER_Q", st.qmode), hint("SPARGE_BLOCKMAP_CLUSTER_HINT", st.hint);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
-                             " SCORESEL=" + show(st.scoresel) + " PERSIST=" + show(st.persist);
+                             " SCORESEL=" + show(st.scoresel) + " PERSIST=" + show(st.persist) +
+                             " KPASS=" + show(st.kpass) + " CLUSTER=" + show(st.csize) + " OCC=" + show(st.occ) +
+                             " Q=" + show(st.qmode) + " HINT=" + show(st.hint);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))
@@ -892,6 +909,12 @@ SPARGE_CASES(BlockMapGpu) {
     add(cases, c);
     c.sq = 9000, c.sk = 16000, c.causal = true, c.use_topk = false, c.sel = {0.9f}, c.sim = {}, c.scale = 0.01f;
     c.dtype = DType::bf16, c.layout = Layout::hnd, c.blkq = 128;  // NQ 71, NK 250, cdf
+    add(cases, c);
+    // Many K chunks per unit (157: the cluster path's CTAs own 10 or 20 chunks, the last a partial
+    // share) with 128-row K blocks (two per chunk), NK 313 (the CTA selection kernel).
+    c.b = 2, c.hq = 4, c.hk = 2, c.sq = 512, c.sk = 40000, c.d = 128, c.causal = false, c.use_topk = true;
+    c.sel = {0.3f}, c.sim = {0.1f}, c.scale = 0.0f, c.dtype = DType::f16, c.layout = Layout::nhd, c.blkq = 64;
+    c.blkk = 128, c.pattern = Pattern::ramp;
     add(cases, c);
   }
   // Determinism: the same inputs give bitwise the same outputs (run four times).

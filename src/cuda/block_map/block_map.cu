@@ -38,9 +38,55 @@ bool vector_loads(const Tensor& t) {
 struct Plan {
   Geometry g;
   std::size_t select_smem = 0;
+  ClusterPlan cluster;          // size 0: the two-pass smooth_k pooling (or no smoothing)
+  std::string pool_name;        // for the profile line
 };
 
-Status plan(const BlockMapParams& p, Plan& out) {
+// An env var's value, or "" when unset.
+std::string env_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+// A unit's K (one sequence, one kv head) at most this large takes the cluster path: the K of the
+// clusters resident at once (8 at 16 CTAs, 1 per SM, on an H200) stays within L2 between its two
+// reads.
+constexpr std::int64_t kClusterUnitBytes = std::int64_t{8} << 20;
+
+// The smooth_k K pass (docs/block_map_gpu.md), read per call:
+//   SPARGE_BLOCKMAP_KPASS = two (default: pass 1, K mean launch, pass 2; K read twice from DRAM)
+//                         | cluster (one thread block cluster per (sequence, kv head), K read once);
+//   SPARGE_BLOCKMAP_CLUSTER = 16 (default) | 8: CTAs per cluster (16 falls back to 8 where it
+//                         cannot launch); _CLUSTER_OCC = 1 (default) | 2 | 0: CTAs per SM (0: no
+//                         cap); _CLUSTER_Q = in (default: Q pooled inside the cluster launch) |
+//                         pass (a Q pass first); _CLUSTER_HINT = 1 (default) | 0 | 2 (see ClusterPlan).
+// The cluster path needs smooth_k, sm_90, 16-byte loadable Q and K, Sk > 0, and a unit's K of at
+// most kClusterUnitBytes; otherwise (and on any failed query) the two passes run. Same bits either way.
+ClusterPlan plan_cluster(const BlockMapParams& p, const Geometry& g, int major) {
+  ClusterPlan none;
+  if (!p.smooth_k || env_str("SPARGE_BLOCKMAP_KPASS") != "cluster") return none;
+  if (major < 9 || !vector_loads(p.q) || !vector_loads(p.k) || g.sk <= 0 || kKSumRows % g.blkk != 0) return none;
+  if (g.sk * g.d * 2 > kClusterUnitBytes) return none;
+  const std::int64_t units = g.nseq * g.hk;
+  if (units <= 0 || units * 16 >= (std::int64_t{1} << 31)) return none;
+  ClusterPlan cp;
+  const std::string size = env_str("SPARGE_BLOCKMAP_CLUSTER"), occ = env_str("SPARGE_BLOCKMAP_CLUSTER_OCC");
+  const std::string qmode = env_str("SPARGE_BLOCKMAP_CLUSTER_Q"), hint = env_str("SPARGE_BLOCKMAP_CLUSTER_HINT");
+  cp.occupancy = occ == "0" ? 0 : (occ == "2" ? 2 : 1);
+  cp.q_inside = qmode != "pass";
+  cp.hint = hint == "0" ? 0 : (hint == "2" ? 2 : 1);
+  const bool bf16 = p.q.dtype == DType::bf16;
+  for (int c : {size == "8" ? 8 : 16, 8}) {
+    if (cluster_resident(bf16, g.d, c, cp.occupancy) > 0) {
+      cp.size = c;
+      return cp;
+    }
+  }
+  return none;
+}
+
+// launch: also choose the smooth_k K pass (which queries the device; supported() needs no choice).
+Status plan(const BlockMapParams& p, Plan& out, bool launch = false) {
   if (p.q.dtype != DType::f16 && p.q.dtype != DType::bf16) {
     return unsupported(detail::cat(kOp, ": q.dtype = ", to_string(p.q.dtype),
                                    " is not supported by the CUDA backend (expected f16 or bf16)"));
@@ -80,6 +126,18 @@ Status plan(const BlockMapParams& p, Plan& out) {
   if (out.select_smem > static_cast<std::size_t>(optin)) {
     return unsupported(detail::cat(kOp, ": NK = ", g.nk, " key blocks per row need ", out.select_smem,
                                    " bytes of shared memory for the selection, this device allows ", optin));
+  }
+  if (launch) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      major = 0;  // the two passes
+    }
+    out.cluster = plan_cluster(p, g, major);
+    const ClusterPlan& c = out.cluster;
+    out.pool_name = c.size == 0 ? std::string(pool_variant_name())
+                                : detail::cat("cluster", c.size, "x", c.occupancy, c.q_inside ? " q-in" : " q-pass",
+                                              " hint", c.hint, " (Q pass ", pool_variant_name(), ")");
   }
   return {};
 }
@@ -181,7 +239,7 @@ Status supported(const BlockMapParams& p) {
 
 Status build_block_map(const BlockMapParams& p) {
   Plan pl;
-  SPARGE_RETURN_IF_ERROR(plan(p, pl));
+  SPARGE_RETURN_IF_ERROR(plan(p, pl, /*launch=*/true));
   const Geometry& g = pl.g;
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
   const bool bf16 = p.q.dtype == DType::bf16;
@@ -251,8 +309,8 @@ Status build_block_map(const BlockMapParams& p) {
   StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
   phase = "the pooling (K mean, Q and K blocks)";
-  if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim), out_of<float>(p.maybe_k_sim),
-                          stream, timer.marks())) != cudaSuccess) {
+  if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, pl.cluster, s, out_of<float>(p.maybe_q_sim),
+                          out_of<float>(p.maybe_k_sim), stream, timer.marks())) != cudaSuccess) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;
@@ -279,7 +337,7 @@ Status build_block_map(const BlockMapParams& p) {
     (void)cudaGetLastError();
     return runtime_error(detail::cat(kOp, ": cudaFreeAsync of the scratch failed: ", cudaGetErrorString(e)));
   }
-  timer.print(g, pool_variant_name(), fused_select ? score_select_variant(g) : scores_variant(g),
+  timer.print(g, pl.pool_name.c_str(), fused_select ? score_select_variant(g) : scores_variant(g),
               fused_select ? "in scores" : select_variant(g.nk));
   return {};
 }

@@ -91,15 +91,29 @@ struct Marks {
   }
 };
 
+// The smooth_k pooling with one DRAM read of K (pool.cu, cluster_kernel, sm_90 only): a thread
+// block cluster per (sequence, kv head) computes the unit's chunk sums, meets at a cluster barrier,
+// and pools the smoothed K blocks from L2. plan() (block_map.cu) decides; size 0: the two passes.
+struct ClusterPlan {
+  int size = 0;          // CTAs per cluster (8, or 16 where the device allows it); 0: not used
+  int occupancy = 1;     // CTAs per SM that the launch's dynamic shared memory leaves room for (0: no cap)
+  bool q_inside = true;  // the cluster launch pools Q too (else a Q pass runs before it)
+  int hint = 1;          // 0 plain loads; 1 evict-first for Q and K's re-read; 2 also evict-last on K's first read
+};
+// Clusters of the cluster kernel (head dim d) that fit on the current device at once (0: it cannot
+// launch so; the error is cleared).
+int cluster_resident(bool bf16, std::int64_t d, int size, int occupancy);
+
 // Launchers (each checks its launch with cudaGetLastError and returns the error).
 // dtype_bf16 picks the element type of q / k.
 // Pools Q (heads = hq, blocks of blkq) and K (heads = hk, blocks of blkk, shifted by the K mean
 // when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
 // similarities and the optional diagnostic outputs: one launch without smooth, else two (K mean
-// folded into the first, after a memset of s.k_done) or three (pool.cu).
-cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
-                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
-                           const Marks& marks = {});
+// folded into the first, after a memset of s.k_done) or three (pool.cu), or the cluster kernel.
+// With smooth and cluster.size > 0: the cluster kernel (and a Q pass before it unless q_inside).
+cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth,
+                           const ClusterPlan& cluster, const Scratch& s, const Out<float>& maybe_q_sim,
+                           const Out<float>& maybe_k_sim, cudaStream_t st, const Marks& marks = {});
 // The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into
