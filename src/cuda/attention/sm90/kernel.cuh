@@ -74,6 +74,76 @@ struct Traits {
           ? 240
           : ((kLaunchRegs * kThreads - kProducerRegs * 128) / (128 * kConsumers)) / 8 * 8;
   static_assert(kStages >= 1 && kSmemBytes <= smem_budget(BLKQ_), "shared-memory plan does not fit");
+  // Kernels the launcher may run in clusters of 2 with K/V multicast (kVariantClusterKV: BLKQ 128,
+  // head dim 128, unpaired tiles; dense only); every other kernel drops the run-time multicast checks.
+  static constexpr bool kMayMulticast = !PAIR_ && BLKQ_ == 128 && HD_ == 128;
+};
+
+// The key blocks a query block visits: the sequence of the portable kernel's BlockIter
+// (block_iter.cuh: the LUT row in its order without entries outside [0, visible), or every
+// visible block when dense), walked by one thread (the producer) with a pointer that advances by
+// the row stride and the next entry loaded one call early. Consumer warps walk the same sequence
+// with WarpWalk below.
+struct BlockWalk {
+  const std::int32_t* at = nullptr;  // LUT: the entry `ahead` was loaded from; nullptr: dense
+  std::int64_t stride = 1;
+  int left = 0;            // LUT: entries from `ahead` on, not yet consumed; dense: blocks left
+  int ahead = -1;          // LUT: the next entry; dense: the next block
+  std::uint32_t visible = 0;
+
+  __device__ __forceinline__ int next() {
+    if (at == nullptr) {
+      if (left <= 0) return -1;
+      --left;
+      return ahead++;
+    }
+    while (left > 0) {
+      const int kb = ahead;
+      if (--left > 0) {
+        at += stride;
+        ahead = __ldg(at);
+      }
+      if (static_cast<std::uint32_t>(kb) < visible) return kb;  // 0 <= kb < visible
+    }
+    return -1;
+  }
+};
+
+// The consumers' walk of the same sequence, one warp together: lane i holds entry base + i of the
+// LUT row (the next chunk of 32 is loaded one refill early), a ballot marks the chunk's entries in
+// [0, visible), and each call hands out the lowest one not yet returned (__shfl_sync from its
+// lane). Per block a few instructions instead of BlockWalk's serial load-and-test per entry; the
+// order is the same (chunks ascending, lanes ascending within a chunk), so the producer's
+// BlockWalk and every consumer warp agree on the tiles. All lanes of the warp must call next().
+struct WarpWalk {
+  const std::int32_t* row = nullptr;  // nullptr: dense
+  std::int64_t stride = 1;
+  int n = 0;              // LUT: entries (clamped count); dense: visible blocks
+  int base = 0;           // LUT: first entry of the current chunk; dense: the next block
+  int mine = -1;          // LUT: entry base + lane, -1 past n
+  int mine_next = -1;     // LUT: entry base + 32 + lane, -1 past n
+  std::uint32_t pending = 0;  // LUT: lanes whose entries are visible and not yet returned
+  std::uint32_t visible = 0;
+  int lane = 0;
+
+  __device__ __forceinline__ int load(int i) const { return i < n ? __ldg(row + i * stride) : -1; }
+  // The chunk at base is in `mine`: mark its visible entries, prefetch the chunk after it.
+  __device__ __forceinline__ void fill() {
+    pending = __ballot_sync(0xffffffffu, static_cast<std::uint32_t>(mine) < visible);
+    mine_next = load(base + 32 + lane);
+  }
+  __device__ __forceinline__ int next() {
+    if (row == nullptr) return base < n ? base++ : -1;
+    while (pending == 0) {
+      if (base + 32 >= n) return -1;
+      base += 32;
+      mine = mine_next;
+      fill();
+    }
+    const int src = __ffs(static_cast<int>(pending)) - 1;
+    pending &= pending - 1;
+    return __shfl_sync(0xffffffffu, mine, src);
+  }
 };
 
 // The key blocks of one pipeline tile: kb[0] always >= 0 while tiles remain, kb[1] the second
@@ -81,10 +151,11 @@ struct Traits {
 struct KeyTile {
   int kb[2];
 };
-// Fetches the next tile from the block iterator (the producer and every consumer warp walk their
-// own copy of the same iterator, so all agree on the pairs). kb[0] < 0: no tile left.
-template <class Tr>
-__device__ __forceinline__ KeyTile next_tile(BlockIter& it) {
+// Fetches the next tile from a walk of the block sequence (the producer's BlockWalk and every
+// consumer warp's WarpWalk return the same blocks, so all agree on the pairs). kb[0] < 0: no tile
+// left.
+template <class Tr, class Walk>
+__device__ __forceinline__ KeyTile next_tile(Walk& it) {
   KeyTile kt;
   kt.kb[0] = it.next();
   kt.kb[1] = Tr::kPair && kt.kb[0] >= 0 ? it.next() : -1;
@@ -160,11 +231,43 @@ __device__ __forceinline__ Tile make_tile(const KernelParams& p, int tile_index,
   return t;
 }
 
-__device__ __forceinline__ BlockIter make_iter(const KernelParams& p, const Tile& t, int visible) {
-  if (p.lut == nullptr) return make_dense_iter(visible);
-  return make_lut_iter(p.lut + t.b * p.lut_stride[0] + t.h * p.lut_stride[1] + t.qb * p.lut_stride[2], p.lut_stride[3],
-                       p.counts[t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2]],
-                       p.nk_lut, visible);
+__device__ __forceinline__ int lut_count(const KernelParams& p, const Tile& t) {
+  const int count = p.counts[t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2]];
+  return count < 0 ? 0 : (count > p.nk_lut ? p.nk_lut : count);
+}
+__device__ __forceinline__ const std::int32_t* lut_row(const KernelParams& p, const Tile& t) {
+  return p.lut + t.b * p.lut_stride[0] + t.h * p.lut_stride[1] + t.qb * p.lut_stride[2];
+}
+__device__ __forceinline__ WarpWalk make_warp_walk(const KernelParams& p, const Tile& t, int visible, int lane) {
+  WarpWalk it;
+  it.visible = static_cast<std::uint32_t>(visible < 0 ? 0 : visible);
+  it.lane = lane;
+  if (p.lut == nullptr) {
+    it.n = visible;
+    return it;
+  }
+  it.row = lut_row(p, t);
+  it.stride = p.lut_stride[3];
+  it.n = lut_count(p, t);
+  it.mine = it.load(lane);
+  it.fill();
+  return it;
+}
+// Counts outside [0, nk_lut] are clamped (the LUT is device data the host could not check), as in
+// make_lut_iter.
+__device__ __forceinline__ BlockWalk make_iter(const KernelParams& p, const Tile& t, int visible) {
+  BlockWalk it;
+  it.visible = static_cast<std::uint32_t>(visible < 0 ? 0 : visible);
+  if (p.lut == nullptr) {
+    it.left = visible;
+    it.ahead = 0;
+    return it;
+  }
+  it.at = lut_row(p, t);
+  it.stride = p.lut_stride[3];
+  it.left = lut_count(p, t);
+  it.ahead = it.left > 0 ? __ldg(it.at) : -1;
+  return it;
 }
 
 // One K or V slab box of a tile: into this CTA's stage, or (multicast, kVariantClusterKV) only the
@@ -175,7 +278,7 @@ __device__ __forceinline__ BlockIter make_iter(const KernelParams& p, const Tile
 template <class Tr>
 __device__ __forceinline__ void load_kv_slab(const Sm90Params& P, void* dst, const CUtensorMap* map, int s, int row,
                                              const Tile& t, std::uint64_t* full) {
-  if (P.multicast == 0) {
+  if (!Tr::kMayMulticast || P.multicast == 0) {
     tma_load_4d(dst, map, s * 64, row, t.hk, t.b_dim0, full);
   } else if (static_cast<std::uint32_t>(s) == cluster_rank()) {
     tma_load_4d_multicast(dst, map, s * 64, row, t.hk, t.b_dim0, full, 0x3);
@@ -188,7 +291,7 @@ __device__ __forceinline__ void load_kv_slab(const Sm90Params& P, void* dst, con
 // still expects the whole tile (half from each CTA's TMA), the "empty" barrier counts the consumer
 // warps of both CTAs.
 template <class Tr>
-__device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it,
+__device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockWalk it,
                                          std::uint32_t q_phase, Ring<Tr>& ring) {
   barrier_wait(sm.q_empty(), q_phase ^ 1);
   barrier_expect_bytes(sm.q_full(), Tr::kQBytes);
@@ -260,7 +363,7 @@ struct Consumer {
   int row_in_seq[2], key_limit[2];
   bool row_real[2];
   float pv_thr;
-  long long first_row_bound;
+  int mask_from;  // key blocks kb >= mask_from need the token mask (softmax_step)
   std::uint32_t q_tile;
 
   float o[Tr::kDTiles][4];
@@ -283,7 +386,21 @@ struct Consumer {
       row_real[r] = row_in_seq[r] < t.sq;
     }
     pv_thr = p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[t.h] : p.pv_threshold;
-    first_row_bound = static_cast<long long>(wg_row0) + t.sk - t.sq;
+    // A LUT block kb (keys kb * n .. kb * n + n - 1, n = kBlockK) crosses sk when kb * n + n > sk,
+    // i.e. kb >= sk / n; it crosses the causal diagonal of this warpgroup's first row
+    // (bound = wg_row0 + sk - sq) when kb * n + n - 1 > bound, i.e. kb * n > x = bound - n + 1:
+    // every kb when x < 0, else kb >= x / n + 1. Both conditions are "kb >= threshold", so one
+    // compare per block replaces the per-tile arithmetic (the same blocks are masked as before).
+    {
+      constexpr int n = Tr::kBlockK;
+      long long from = t.sk / n;
+      if (p.is_causal) {
+        const long long x = static_cast<long long>(wg_row0) + t.sk - t.sq - n + 1;
+        const long long from_causal = x < 0 ? 0 : x / n + 1;
+        if (from_causal < from) from = from_causal;
+      }
+      mask_from = static_cast<int>(from);
+    }
     q_tile = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
 #pragma unroll
     for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -312,23 +429,28 @@ struct Consumer {
     __syncwarp();
     if (lane == 0) {
       barrier_arrive(bar);
-      if (P.multicast != 0) barrier_arrive_peer(bar, cluster_rank() ^ 1u);
+      if (Tr::kMayMulticast && P.multicast != 0) barrier_arrive_peer(bar, cluster_rank() ^ 1u);
     }
   }
 
+  // Descriptors: a base per operand tile, plus each k-step's constant offset (wgmma.cuh, DescBase).
   __device__ __forceinline__ void issue_qk(int st) {
+    const DescBase qd = k_major_base(q_tile);
+    const DescBase kd = k_major_base(sm.k(st));
 #pragma unroll
     for (int ks = 0; ks < Tr::kDSteps; ++ks) {
-      Wgmma<T, Tr::kTileK>::ss(s, k_major_desc(q_tile, Tr::kQSlab, ks), k_major_desc(sm.k(st), Tr::kKVSlab, ks), ks > 0);
+      Wgmma<T, Tr::kTileK>::ss(s, qd.at(k_major_offset(Tr::kQSlab, ks)), kd.at(k_major_offset(Tr::kKVSlab, ks)),
+                               ks > 0);
     }
     wgmma_commit();
   }
   // O += P_{i-1} V_{i-1} over the 16-key steps [kFrom, kTo) of the stage, one commit group.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void issue_pv_steps(int st) {
+    const DescBase vd = mn_major_base(sm.v(st), Tr::kKVSlab);
 #pragma unroll
     for (int kk = kFrom; kk < kTo; ++kk) {
-      Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], mn_major_desc(sm.v(st), Tr::kKVSlab, kk));
+      Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], vd.at(mn_major_offset(kk)));
     }
     wgmma_commit();
   }
@@ -507,11 +629,6 @@ struct Consumer {
     }
     return vote;
   }
-  // A block of n keys from k0 needs the mask when it crosses sk or the causal diagonal of some row
-  // of this warpgroup.
-  __device__ __forceinline__ bool crosses(int k0, int n) const {
-    return k0 + n > t.sk || (p.is_causal && k0 + n - 1 > first_row_bound);
-  }
   // Masked only where the tile needs it (a real branch: with the mask if-converted every block
   // pays two instructions per score). A half tile (kb[1] < 0 in the paired kernel) always does.
   template <int kVote>
@@ -519,11 +636,13 @@ struct Consumer {
     const int k0a = kt.kb[0] * Tr::kBlockK;
     bool need_mask;
     int k0b = kNoKeys;
+    // A LUT block needs the mask when it crosses sk or the causal diagonal of some row of this
+    // warpgroup: kb >= mask_from (constructor).
     if constexpr (Tr::kPair) {
       if (kt.kb[1] >= 0) k0b = kt.kb[1] * Tr::kBlockK;
-      need_mask = kt.kb[1] < 0 || crosses(k0a, Tr::kBlockK) || crosses(k0b, Tr::kBlockK);
+      need_mask = kt.kb[1] < 0 || max(kt.kb[0], kt.kb[1]) >= mask_from;
     } else {
-      need_mask = crosses(k0a, Tr::kTileK);
+      need_mask = kt.kb[0] >= mask_from;
     }
     if (uniform(need_mask)) return softmax_step<kVote, true>(k0a, k0b, alpha, seq);
     return softmax_step<kVote, false>(k0a, k0b, alpha, seq);
@@ -554,7 +673,7 @@ struct Consumer {
   // results) are broadcast from lane 0: a wgmma under a branch ptxas considers divergent gets
   // serialized (ptxas C7520: a wait after every wgmma).
   static __device__ __forceinline__ int uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
-  __device__ __forceinline__ KeyTile next_uniform_tile(BlockIter& it) const {
+  __device__ __forceinline__ KeyTile next_uniform_tile(WarpWalk& it) const {
     KeyTile kt = next_tile<Tr>(it);
     kt.kb[0] = uniform(kt.kb[0]);
     if constexpr (Tr::kPair) kt.kb[1] = uniform(kt.kb[1]);
@@ -566,7 +685,7 @@ struct Consumer {
   // this CTA's count of key tiles so far (the same in both consumer warpgroups: the tags of the
   // pv_threshold vote ring).
   template <int kVote>
-  __device__ __forceinline__ void run(BlockIter it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
+  __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
     barrier_wait(sm.q_full(), q_phase);
     const KeyTile kt0 = next_uniform_tile(it);
     if (kt0.kb[0] < 0) {
@@ -733,7 +852,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
       if (t.q0 >= t.sq) continue;
       Consumer<Tr> c(p, sm, t, cw, tid % 128, P);
-      const BlockIter it = make_iter(p, t, visible_of<Tr>(p, t));
+      const WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
       // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
       // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
       // launcher does not pair with that bit and pv_threshold on).
@@ -805,9 +924,8 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   // Multicast (kVariantClusterKV, dense hd128 non-causal only): clusters of 2 CTAs on tiles 2c, 2c + 1,
   // which are query blocks of one (batch, head) when nq is even, so they walk the same keys; each
   // loads one 64-column slab of every K/V tile for both. One tile per CTA (no persistence).
-  const bool mc = (p.variant & kVariantClusterKV) != 0 && p.p.lut == nullptr && !p.p.is_causal && !Tr::kPair &&
-                  Tr::kBlockQ == 128 && Tr::kSlabs == 2 && Tr::kTileK == Tr::kBlockK && p.p.nq % 2 == 0 &&
-                  num_tiles % 2 == 0;
+  const bool mc = (p.variant & kVariantClusterKV) != 0 && p.p.lut == nullptr && !p.p.is_causal && Tr::kMayMulticast &&
+                  p.p.nq % 2 == 0 && num_tiles % 2 == 0;
   if (mc) {
     q.multicast = 1;
     cudaLaunchConfig_t cfg{};

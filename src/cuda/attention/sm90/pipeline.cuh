@@ -112,10 +112,12 @@ __device__ __forceinline__ std::uint32_t named_barrier_popc(int id, int threads,
 // compute-sanitizer's racecheck also recognises (plain volatile accesses, morally strong too, were
 // reported as hazards on the H200, 2026-11-30). The load is an atomic OR of 0; both run once per
 // key tile and warpgroup (the load only when the warpgroup's own rows all vote to skip).
-__device__ __forceinline__ void shared_store_atomic(std::uint32_t addr, std::uint32_t v) {
+// The store returns the word it replaced (callers ignore it; returning it keeps the front end from
+// warning about a variable set but never used).
+__device__ __forceinline__ std::uint32_t shared_store_atomic(std::uint32_t addr, std::uint32_t v) {
   std::uint32_t old;
   asm volatile("atom.shared.exch.b32 %0, [%1], %2;\n" : "=r"(old) : "r"(addr), "r"(v) : "memory");
-  (void)old;
+  return old;
 }
 __device__ __forceinline__ std::uint32_t shared_load_atomic(std::uint32_t addr) {
   std::uint32_t v;

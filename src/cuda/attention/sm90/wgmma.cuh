@@ -42,6 +42,32 @@ __device__ __forceinline__ std::uint64_t mn_major_desc(std::uint32_t tile, std::
   return smem_desc(tile + kk * 2048, slab_bytes, 1024);
 }
 
+// The same descriptors as a base plus per-k-step offsets: the base (start address field of the
+// tile, LBO, SBO, layout) is computed once, and each k-step adds its byte offset >> 4 to the low
+// word. Shared-memory addresses are below 2^18, so the start address field (14 bits) of
+// base + offset never carries into LBO: bit for bit the descriptor of smem_desc(tile + offset, ...),
+// at one uniform add per wgmma instead of recomputing mask, shift and OR from the address.
+struct DescBase {
+  std::uint32_t lo, hi;
+  __device__ __forceinline__ std::uint64_t at(std::uint32_t byte_offset) const {
+    return (static_cast<std::uint64_t>(hi) << 32) | (lo + (byte_offset >> 4));
+  }
+};
+__device__ __forceinline__ DescBase desc_base(std::uint32_t tile, std::uint32_t lbo, std::uint32_t sbo) {
+  const std::uint64_t d = smem_desc(tile, lbo, sbo);
+  return {static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(d >> 32)};
+}
+// Byte offsets of k-step ks within a K-major tile (see k_major_desc) and of k-step kk within an
+// MN-major tile (see mn_major_desc); compile-time constants in the unrolled loops.
+__device__ __forceinline__ constexpr std::uint32_t k_major_offset(std::uint32_t slab_bytes, int ks) {
+  return (ks / 4) * slab_bytes + (ks % 4) * 32;
+}
+__device__ __forceinline__ constexpr std::uint32_t mn_major_offset(int kk) { return kk * 2048; }
+__device__ __forceinline__ DescBase k_major_base(std::uint32_t tile) { return desc_base(tile, 16, 1024); }
+__device__ __forceinline__ DescBase mn_major_base(std::uint32_t tile, std::uint32_t slab_bytes) {
+  return desc_base(tile, slab_bytes, 1024);
+}
+
 // Ordering of wgmma with the surrounding register accesses (PTX: wgmma.fence before the first
 // wgmma that reads registers written since; commit, then wait before the accumulators are read).
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
