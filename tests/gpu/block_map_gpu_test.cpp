@@ -576,7 +576,7 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 // grids, the scores and the selection as two launches through memory, 8 rows per warp in the
 // fused scores + selection, and the smooth_k cluster path (K read once; sm_90, else it falls back
 // to the two passes) with its cluster sizes, occupancy caps, Q inside or as its own pass, and cache
-// hints. Running the whole suite with SPARGE_BLOCKMAP_KPASS=cluster compares every case with the
+// hints, and programmatic dependent launches of the scores and the selection. Running the whole suite with SPARGE_BLOCKMAP_KPASS=cluster compares every case with the
 // CPU on the cluster path, and these reruns (KPASS unset) with the two passes.
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
@@ -590,6 +590,7 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* occ = nullptr;
     const char* qmode = nullptr;
     const char* hint = nullptr;
+    const char* pdl = nullptr;
   };
   const Setting settings[] = {
       {"launch", nullptr, nullptr, nullptr, nullptr},   {nullptr, "1", nullptr, nullptr, nullptr},
@@ -602,7 +603,10 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {nullptr, nullptr, nullptr, nullptr, nullptr, "two"},
       {nullptr, nullptr, nullptr, "0", nullptr, "cluster", "8", "2", "pass", "0"},
       {nullptr, nullptr, "small4", nullptr, nullptr, "cluster", "16", "0", "pass", "2"},
-      {nullptr, nullptr, nullptr, "8", nullptr, "cluster", "8", "1", "in", "2"}};
+      {nullptr, nullptr, nullptr, "8", nullptr, "cluster", "8", "1", "in", "2"},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
+      {nullptr, nullptr, nullptr, "4", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
+      {"launch", nullptr, nullptr, nullptr, nullptr, "cluster", nullptr, nullptr, "pass", nullptr, "1"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
@@ -611,7 +615,8 @@ void check_switches(const Problem& p, const GpuResult& first) {
         pool("SPARGE_BLOCKMAP_POOL", st.pool), scoresel("SPARGE_BLOCKMAP_SCORESEL", st.scoresel),
         persist("SPARGE_BLOCKMAP_PERSIST", st.persist), kpass("SPARGE_BLOCKMAP_KPASS", st.kpass),
         csize("SPARGE_BLOCKMAP_CLUSTER", st.csize), occ("SPARGE_BLOCKMAP_CLUSTER_OCC", st.occ),
-        qmode("SPARGE_BLOCKMAP_CLUSTER_Q", st.qmode), hint("SPARGE_BLOCKMAP_CLUSTER_HINT", st.hint);
+        qmode("SPARGE_BLOCKMAP_CLUSTER_Q", st.qmode), hint("SPARGE_BLOCKMAP_CLUSTER_HINT", st.hint),
+        pdl("SPARGE_BLOCKMAP_PDL", st.pdl);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
@@ -619,7 +624,7 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
                              " SCORESEL=" + show(st.scoresel) + " PERSIST=" + show(st.persist) +
                              " KPASS=" + show(st.kpass) + " CLUSTER=" + show(st.csize) + " OCC=" + show(st.occ) +
-                             " Q=" + show(st.qmode) + " HINT=" + show(st.hint);
+                             " Q=" + show(st.qmode) + " HINT=" + show(st.hint) + " PDL=" + show(st.pdl);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))

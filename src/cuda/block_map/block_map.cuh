@@ -142,7 +142,42 @@ cudaError_t launch_score_select(const Geometry& g, float scale, const SelectRule
                                 const Out<std::int32_t>& lut, const Out<std::int32_t>& counts,
                                 const Out<float>& maybe_scores, cudaStream_t st);
 
+// Programmatic dependent launch (SPARGE_BLOCKMAP_PDL=1, read per call; sm_90 and later, else
+// off): the scores and selection launches carry cudaLaunchAttributeProgrammaticStreamSerialization,
+// so that their launch overlaps the end of the kernel before them. Same bits: every kernel launched
+// so starts with wait_prior_grid() before it touches memory.
+bool pdl_enabled();
+
 #ifdef __CUDACC__
+
+// griddepcontrol.wait: returns once the grid launched before this one (in stream order) has
+// completed and its memory operations are visible; returns at once without the PDL attribute.
+__device__ __forceinline__ void wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// A launch through cudaLaunchKernelEx, with the PDL attribute when pdl_enabled(); the kernel must
+// begin with wait_prior_grid(). Returns the launch's error (or cudaGetLastError's).
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
+                          const Args&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  if (pdl_enabled()) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
 
 // Where one sequence's rows live (docs/semantics.md, varlen): the tensor batch index and the row
 // ranges of q and k. The host cannot read cu_seqlens, so the ranges are clamped to the tensor and

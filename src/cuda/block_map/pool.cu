@@ -738,6 +738,17 @@ int cluster_resident(bool bf16, std::int64_t d, int size, int occupancy) {
   return clusters;
 }
 
+bool pdl_enabled() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_PDL");
+  if (v == nullptr || std::strcmp(v, "1") != 0) return false;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
+}
+
 const char* pool_variant_name() {
   switch (pool_variant()) {
     case PoolVariant::kBase: return "base";

@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(Geometry g, float scal
   constexpr int kPitch = TILE + 1;
   __shared__ float as[kChunk * kPitch];
   __shared__ float bs[kChunk * kPitch];
+  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the pooling has finished
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % 16, ty = tid / 16;
   const std::int64_t tiles_q = (g.nq + TILE - 1) / TILE, tiles_k = (g.nk + TILE - 1) / TILE;
@@ -92,6 +93,7 @@ constexpr int kBigPitch = kBig + 4;  // keeps the float4 rows aligned; staging s
 __global__ void __launch_bounds__(kThreads, 2) scores_big_kernel(Geometry g, float scale, Scratch s) {
   __shared__ __align__(16) float as[2][kChunk][kBigPitch];
   __shared__ __align__(16) float bs[2][kChunk][kBigPitch];
+  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the pooling has finished
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % 16, ty = tid / 16;
   const int lr = tid / 2, lc = (tid % 2) * 4;  // staging: one float4 of A and of B per thread and chunk
@@ -183,8 +185,7 @@ cudaError_t launch_big(const Geometry& g, float scale, const Scratch& s, cudaStr
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + kBig - 1) / kBig) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  scores_big_kernel<<<grid, kThreads, 0, st>>>(g, scale, s);
-  return cudaGetLastError();
+  return launch_kernel(scores_big_kernel, dim3(grid), dim3(kThreads), 0, st, g, scale, s);
 }
 
 // SPARGE_BLOCKMAP_SCORES=small (read per call) keeps the (TILE/16)^2 micro-tiles for every shape,
@@ -199,8 +200,7 @@ cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + TILE - 1) / TILE) * ((g.nk + TILE - 1) / TILE);
   if (tiles == 0) return cudaSuccess;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  scores_kernel<TILE><<<grid, kThreads, 0, st>>>(g, scale, s);
-  return cudaGetLastError();
+  return launch_kernel(scores_kernel<TILE>, dim3(grid), dim3(kThreads), 0, st, g, scale, s);
 }
 
 }  // namespace

@@ -97,6 +97,7 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
   using T = Tier<NT, IPT>;
   extern __shared__ __align__(16) unsigned char smem[];
   typename T::Shared& sh = *reinterpret_cast<typename T::Shared*>(smem);
+  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the scores have finished
   const Geometry& g = a.g;
   const int tid = static_cast<int>(threadIdx.x);
   const std::int64_t total = g.nseq * g.hq * g.nq;
@@ -464,6 +465,7 @@ __global__ void __launch_bounds__(kSsWarps * 32, MINB) score_select_kernel(const
   constexpr int kGran = kDc / 4;        // float4 granules per staged row
   static_assert(ROWS % 4 == 0, "the Q staging takes ROWS / 4 float4 per thread");
   __shared__ SsShared<IPT, ROWS> sh;
+  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the pooling has finished
   const Geometry& g = a.g;
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, wid = tid / 32;
   const std::int64_t tiles = (g.nq + kQt - 1) / kQt;
@@ -569,6 +571,7 @@ template <int IPT, WarpKind KIND>
 __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __grid_constant__ SelectArgs a) {
   constexpr std::uint64_t kNone = ~std::uint64_t{0};
   __shared__ WarpShared<KIND == WarpKind::kCount ? IPT : 1> sh;
+  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the scores have finished
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
   std::uint64_t* keys = sh.key[wid];
@@ -709,11 +712,9 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
   const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
   const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
   if (kind == WarpKind::kCount) {
-    select_warp_kernel<IPT, WarpKind::kCount><<<grid, 32 * kRowWarps, 0, st>>>(a);
-  } else {
-    select_warp_kernel<IPT, WarpKind::kSearch><<<grid, 32 * kRowWarps, 0, st>>>(a);
+    return launch_kernel(select_warp_kernel<IPT, WarpKind::kCount>, dim3(grid), dim3(32 * kRowWarps), 0, st, a);
   }
-  return cudaGetLastError();
+  return launch_kernel(select_warp_kernel<IPT, WarpKind::kSearch>, dim3(grid), dim3(32 * kRowWarps), 0, st, a);
 }
 
 // SPARGE_BLOCKMAP_SCORESEL (read per call) for rows of at most 256 key blocks: `0` (default) runs
@@ -735,8 +736,7 @@ cudaError_t launch_ss(const SelectArgs& a, float scale, cudaStream_t st) {
   const std::int64_t ctas = a.g.nseq * a.g.hq * ((a.g.nq + kQt - 1) / kQt);
   if (ctas == 0) return cudaSuccess;
   const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
-  score_select_kernel<IPT, ROWS, 2><<<grid, kSsWarps * 32, 0, st>>>(a, scale);
-  return cudaGetLastError();
+  return launch_kernel(score_select_kernel<IPT, ROWS, 2>, dim3(grid), dim3(kSsWarps * 32), 0, st, a, scale);
 }
 
 // SPARGE_BLOCKMAP_SELECT=count (read per call) picks the previous selections, for timing
@@ -764,8 +764,7 @@ cudaError_t launch(const SelectArgs& a, cudaStream_t st) {
     if (e != cudaSuccess) return e;
   }
   const int grid = static_cast<int>(rows < kMaxGrid ? rows : kMaxGrid);
-  select_kernel<NT, IPT><<<grid, NT, bytes, st>>>(a, cta_search());
-  return cudaGetLastError();
+  return launch_kernel(select_kernel<NT, IPT>, dim3(grid), dim3(NT), bytes, st, a, cta_search());
 }
 
 }  // namespace
