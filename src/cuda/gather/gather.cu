@@ -44,6 +44,9 @@ constexpr std::int64_t kMaskSmem = 72 * 1024;
 // A union CTA takes the position map only while its whole shared memory stays within this, so
 // that two CTAs (the register limit) still fit on an SM of 228 KB.
 constexpr std::int64_t kPosMapSmemCap = 112 * 1024;
+// The same cap for the list bitmaps of variant kRowBitmaps (Sk = 16384: 2 KB per list; 16 lists
+// per CTA with kv-head lists at PERF.md's shape, 32 with per-query-head lists).
+constexpr std::int64_t kRowBitmapSmemCap = 112 * 1024;
 
 using AttnKernel = void (*)(const gather::AttnArgs);
 
@@ -150,7 +153,7 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
 // 1 elsewhere. SPARGE_GATHER_UNION_CTAS = 1, 2, 4 or 8 overrides it (at least one list per CTA;
 // values above 1 on sm_90 only). group_rows counts the group's lists (units).
 int union_ctas(int group_rows, int major) {
-  if (major < 9 || !sm90_binary(reinterpret_cast<const void*>(gather::union_kernel))) return 1;
+  if (major < 9 || !sm90_binary(reinterpret_cast<const void*>(gather::union_kernel<false>))) return 1;
   if (const char* e = std::getenv("SPARGE_GATHER_UNION_CTAS")) {
     int v = std::atoi(e);
     if (v == 1 || v == 2 || v == 4 || v == 8) {
@@ -164,15 +167,18 @@ int union_ctas(int group_rows, int major) {
   return want;
 }
 
-// SPARGE_GATHER_UNION_VARIANT = bits of gather::UnionVariant (0..3): 1 = kStream (vec4 lists
-// streamed with the next batch in flight), 2 = kPosMap (phase B's key -> position map); unset or
-// invalid: 3, both. Every value gives the same bits (unions, masks, flags' rows).
+// SPARGE_GATHER_UNION_VARIANT = bits of gather::UnionVariant (0..7): 1 = kStream (vec4 lists
+// streamed with the next batch in flight), 2 = kPosMap (phase B's key -> position map of the
+// two-read path), 4 = kRowBitmaps (lists read once into per-list bitmaps, masks by ballot; falls
+// back to the two-read path where it does not fit); unset or invalid: 5 = kStream | kRowBitmaps.
+// Every value gives the same bits (unions, masks, flags' rows).
 int union_variant() {
+  constexpr int kDefault = gather::kStream | gather::kRowBitmaps;
   const char* e = std::getenv("SPARGE_GATHER_UNION_VARIANT");
-  if (e == nullptr || *e == '\0') return gather::kStream | gather::kPosMap;
+  if (e == nullptr || *e == '\0') return kDefault;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 10);
-  if (*end != '\0' || v < 0 || v > 3) return gather::kStream | gather::kPosMap;
+  if (*end != '\0' || v < 0 || v > 7) return kDefault;
   return static_cast<int>(v);
 }
 
@@ -331,7 +337,7 @@ struct Profile {
       if (x != nullptr) cudaEventDestroy(x);
     }
   }
-  void report(int ctas, int mask_rows, int variant, bool pos_map, int tile_rows, bool wgmma, int stages, int list_rep, std::int64_t groups,
+  void report(int ctas, int mask_rows, int variant, bool pos_map, bool row_bitmaps, int tile_rows, bool wgmma, int stages, int list_rep, std::int64_t groups,
               std::int64_t wave) {
     float u = 0, a = 0;
     if (cudaEventSynchronize(ev[2]) != cudaSuccess || cudaEventElapsedTime(&u, ev[0], ev[1]) != cudaSuccess ||
@@ -341,7 +347,8 @@ struct Profile {
     std::fprintf(stderr,
                  "[gather profile] wave 0 of %lld groups (wave %lld): union %.3f ms (ctas %d, mask_rows %d, variant %d%s, %s lists), attention %.3f ms "
                  "(%s, BM %d%s)\n",
-                 static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, mask_rows, variant, pos_map ? " pos map" : "", list_rep > 1 ? "kv-head" : "per-row", a,
+                 static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, row_bitmaps ? 0 : mask_rows, variant,
+                 row_bitmaps ? " row bitmaps" : (pos_map ? " pos map" : ""), list_rep > 1 ? "kv-head" : "per-row", a,
                  wgmma ? "wgmma" : "mma.sync", tile_rows, wgmma && stages == 2 ? ", 2 stages" : "");
   }
 };
@@ -446,6 +453,22 @@ Status gather_attention(const GatherAttentionParams& p) {
     // for the shared-memory mask batches, Sk <= kPosMapMaxKeys (positions fit 16 bits) and within
     // kPosMapSmemCap (two CTAs of 512 threads still share an SM).
     ua.pos_off = -1;
+    ua.rowbm_off = -1;
+    ua.ukeys_off = -1;
+    // Variant kRowBitmaps: one bitmap over the Sk keys per list of the CTA, then the union as u16
+    // keys; no mask batches, no position map. Only when Sk <= kRowBitmapMaxKeys and the CTA stays
+    // within kRowBitmapSmemCap; otherwise the two-read path below (variant bits 1 and 2).
+    if ((ua.variant & gather::kRowBitmaps) != 0 && geo.sk <= gather::kRowBitmapMaxKeys) {
+      const std::int64_t rowbm_bytes = (static_cast<std::int64_t>(ua.rows_per_cta) * ua.words_k * 4 + 15) / 16 * 16;
+      const std::int64_t ukeys_off = ua.mask_off + rowbm_bytes;
+      const std::int64_t total = ukeys_off + 2 * sc.ucap;
+      if (total <= kRowBitmapSmemCap) {
+        ua.rowbm_off = ua.mask_off;
+        ua.ukeys_off = static_cast<int>(ukeys_off);
+        union_smem = static_cast<int>(total);
+        return;
+      }
+    }
     const std::int64_t pos_off = (union_smem + 15) / 16 * 16;
     if ((ua.variant & gather::kPosMap) != 0 && ua.mask_rows > 0 && geo.sk <= gather::kPosMapMaxKeys &&
         pos_off + 2 * geo.sk <= kPosMapSmemCap) {
@@ -479,7 +502,9 @@ Status gather_attention(const GatherAttentionParams& p) {
   const AttnChoice ac = select_attention(plan, geo.rows, major);
   const AttnKernel attn = ac.kernel;
   const int attn_threads = ac.threads, attn_smem = ac.smem, tile_rows = ac.tile_rows;
-  e = cudaFuncSetAttribute(gather::union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
+  // The union kernel of the path set_ctas chose (re-picked by the 1-CTA fallback below).
+  auto union_fn = [&ua] { return ua.rowbm_off >= 0 ? gather::union_kernel<true> : gather::union_kernel<false>; };
+  e = cudaFuncSetAttribute(union_fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
   if (e == cudaSuccess) e = cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem);
   // A hint (two 84 KB CTAs of the 2-stage wgmma kernel per SM need the largest carveout); its
   // failure would only cost occupancy, so it is cleared rather than reported.
@@ -525,18 +550,18 @@ Status gather_attention(const GatherAttentionParams& p) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = ua.ctas > 1 ? 1 : 0;
-    e = cudaLaunchKernelEx(&cfg, gather::union_kernel, ua);
+    e = cudaLaunchKernelEx(&cfg, union_fn(), ua);
     if (e != cudaSuccess && ua.ctas > 1 && g0 == 0) {
       // The cluster could not be launched (a launch-configuration error, not sticky): one CTA per
       // group instead, for this and every later wave.
       (void)cudaGetLastError();
       set_ctas(1);
-      e = cudaFuncSetAttribute(gather::union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
+      e = cudaFuncSetAttribute(union_fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
       if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
       cfg.gridDim = dim3(n);
       cfg.dynamicSmemBytes = static_cast<size_t>(union_smem);
       cfg.numAttrs = 0;
-      e = cudaLaunchKernelEx(&cfg, gather::union_kernel, ua);
+      e = cudaLaunchKernelEx(&cfg, union_fn(), ua);
     }
     if (e != cudaSuccess) return cuda_fail("union kernel launch failed", e);
     if (slots == 2) {
@@ -553,7 +578,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     }
   }
   side.join();  // the flags are written by union kernels on the side stream
-  if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, tile_rows, ac.wgmma, ac.stages, list_rep, total_groups, wave);
+  if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, ua.rowbm_off >= 0, tile_rows, ac.wgmma, ac.stages, list_rep, total_groups, wave);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
   e = fl.fetch();

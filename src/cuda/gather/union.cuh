@@ -4,8 +4,15 @@
 // A group runs on `ctas` CTAs (UnionArgs::ctas): 1, or on sm_90 a thread block cluster of up to 8,
 // each CTA owning a contiguous slice of the group's rows. The index lists are the bulk of the
 // traffic of the whole op (hd128, 2048 keys per row: 4 bytes of index per 128 FLOPs), so they are
-// read with 16-byte loads, four per lane in flight, and each slice is read twice by its own CTA
-// (phase A: union bitmap; phase B: masks) so the second read is an L2 hit.
+// read with 16-byte loads, four per lane in flight.
+// Default (variant kRowBitmaps, where Sk <= 65536 and it fits in shared memory): each CTA reads its
+// slice ONCE. Phase A sets every visible entry's bit in its list's own bitmap over the Sk keys (one
+// shared atomic per entry, whose old value tells a repeated key); the CTA's union bitmap is the OR
+// of those; cluster OR, ranks and the sorted union as below (every CTA also keeps the union as u16
+// keys); phase B needs no list: mask word m of list r is two warp ballots of "key ukeys[64 m + b]
+// is in r's bitmap", stored coalesced. Per entry that is one shared atomic in all; the path below
+// costs per entry a bitmap test (+ atomic), a second (L2) read and a position lookup + atomic.
+// The two-read path (variant bits 1 and 2 without 4, or where the bitmaps do not fit):
 //   phase A  each CTA sets the bits of its rows' keys in a shared bitmap over the Sk keys; with a
 //            cluster, every CTA then ORs the cluster's bitmaps (distributed shared memory), so all
 //            CTAs hold the group's union;
@@ -61,11 +68,20 @@ struct UnionArgs {
   //   kStream    vec4 lists through stream_entries (next batch in flight while one is processed);
   //   kPosMap    phase B looks union positions up in a 16-bit key -> position map in shared memory
   //              (pos_off; only when Sk <= kPosMapMaxKeys and it fits) instead of rank + popcount.
+  //   kRowBitmaps each CTA reads its lists once: phase A sets each list's keys in the list's own
+  //              bitmap over the Sk keys in shared memory (rowbm_off; the union bitmap is their OR,
+  //              a repeated key is a bit already set), phase B builds the masks from those bitmaps
+  //              with warp ballots over the union positions (ukeys_off: the union as u16 keys), no
+  //              second read of the lists and no per-entry atomics or position lookups in phase B.
+  //              Taken when Sk <= kRowBitmapMaxKeys and it fits (host); kPosMap is then unused.
   int variant;
   int pos_off;       // byte offset of the position map; < 0: no map
+  int rowbm_off;     // byte offset of the per-list bitmaps [rows_per_cta][words_k]; < 0: not used
+  int ukeys_off;     // byte offset of the union keys as u16 [ucap] (with rowbm_off)
 };
 
-enum UnionVariant : int { kStream = 1, kPosMap = 2 };
+enum UnionVariant : int { kStream = 1, kPosMap = 2, kRowBitmaps = 4 };
+constexpr int kRowBitmapMaxKeys = 65536;  // union keys stored as u16
 constexpr int kPosMapMaxKeys = 32768;  // 64 KB of u16 positions
 
 // Calls fn(unit, row_id, j) for every valid, causally visible entry of every unit (list) in
@@ -235,6 +251,9 @@ __device__ __forceinline__ void stream_entries(const UnionArgs& a, const GroupPo
   }
 }
 
+// kRowBm: the kRowBitmaps path (a.rowbm_off >= 0), a separate instantiation so that each path gets
+// its own register allocation (one kernel holding both spilled at the 64-register cap).
+template <bool kRowBm>
 __global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs a) {
   extern __shared__ __align__(16) unsigned char union_smem[];
   std::uint32_t* bitmap = reinterpret_cast<std::uint32_t*>(union_smem);  // [words_k]
@@ -253,11 +272,44 @@ __global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs
 
   // Phase A: this CTA's rows' keys.
   for (int i = tid; i < a.words_k; i += kUnionThreads) bitmap[i] = 0;
-  __syncthreads();
-  // A bit already set needs no atomic: rows of a group share most keys, and atomics on one word
-  // serialise. (A stale read only costs a redundant atomicOr.)
   const bool stream = a.vec4 && (a.variant & kStream) != 0;
-  if (stream) {
+  // kRowBitmaps: unit r's keys in its own bitmap rowbm[(r - r_begin) * words_k ...].
+  std::uint32_t* rowbm = kRowBm ? reinterpret_cast<std::uint32_t*>(union_smem + a.rowbm_off) : nullptr;
+  const int nu = r_end - r_begin;
+  if constexpr (kRowBm) {
+    // Zero this CTA's list bitmaps (16-byte stores; the host pads the area to 16 bytes).
+    const int n4 = (nu * a.words_k + 3) >> 2;
+    for (int i = tid; i < n4; i += kUnionThreads) reinterpret_cast<uint4*>(rowbm)[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  __syncthreads();
+  if constexpr (kRowBm) {
+    // Every visible entry sets its bit in its list's bitmap; the bit already set (the old value
+    // of the atomic) is a key listed twice by that list, whichever lane came first.
+    if (stream) {
+      stream_entries(a, gp, r_begin, r_end, true, [&](int gr, std::int32_t j, bool ok) -> std::uint32_t {
+        const std::uint32_t bit = 1u << (j & 31);
+        std::uint32_t old = 0;
+        if (ok) old = atomicOr(&rowbm[(gr - r_begin) * a.words_k + (j >> 5)], bit);
+        return old & bit;
+      });
+    } else {
+      for_each_entry(a, gp, r_begin, r_end, true, [&](int gr, std::uint64_t row_id, std::int32_t j) {
+        const std::uint32_t bit = 1u << (j & 31);
+        const std::uint32_t old = atomicOr(&rowbm[(gr - r_begin) * a.words_k + (j >> 5)], bit);
+        if (old & bit) flags::record(&a.flags[kDuplicate], row_id, static_cast<std::uint32_t>(j));
+      });
+    }
+    __syncthreads();
+    // This CTA's part of the union: the OR of its lists' bitmaps (consecutive words per thread:
+    // conflict-free).
+    for (int i = tid; i < a.words_k; i += kUnionThreads) {
+      std::uint32_t x = 0;
+      for (int r = 0; r < nu; ++r) x |= rowbm[r * a.words_k + i];
+      bitmap[i] = x;
+    }
+  } else if (stream) {
+    // A bit already set needs no atomic: rows of a group share most keys, and atomics on one word
+    // serialise. (A stale read only costs a redundant atomicOr.)
     stream_entries(a, gp, r_begin, r_end, true, [&](int, std::int32_t j, bool ok) -> std::uint32_t {
       const std::uint32_t bit = 1u << (j & 31);
       if (ok && (bitmap[j >> 5] & bit) == 0) atomicOr(&bitmap[j >> 5], bit);
@@ -301,15 +353,18 @@ __global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs
   // Position map (kPosMap): pos_map[j] = union position of key j, for the keys of the union only
   // (other entries are never read with ok set: phase B visits the keys phase A put in the union).
   std::uint16_t* pos_map = a.pos_off >= 0 ? reinterpret_cast<std::uint16_t*>(union_smem + a.pos_off) : nullptr;
+  // kRowBitmaps: ukeys[u] = key of union position u (every CTA of the cluster holds the union).
+  std::uint16_t* ukeys = kRowBm ? reinterpret_cast<std::uint16_t*>(union_smem + a.ukeys_off) : nullptr;
   for (int i = w_lo; i < w_hi; ++i) {
     rank[i] = pos;
-    if (crank == 0 || pos_map != nullptr) {
+    if (crank == 0 || pos_map != nullptr || ukeys != nullptr) {
       std::uint32_t bits = bitmap[i];
       std::uint32_t p = pos;
       while (bits != 0) {
         const int bit = __ffs(static_cast<int>(bits)) - 1;
         if (crank == 0) keys[p] = i * 32 + bit;
         if (pos_map != nullptr) pos_map[i * 32 + bit] = static_cast<std::uint16_t>(p);
+        if (ukeys != nullptr) ukeys[p] = static_cast<std::uint16_t>(i * 32 + bit);
         ++p;
         bits &= bits - 1;
       }
@@ -324,7 +379,43 @@ __global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs
   };
 
   // Phase B: masks of this CTA's units; unit r's mask is the mask of rows r * rep .. r * rep + rep - 1.
-  if (a.mask_rows > 0) {
+  if constexpr (kRowBm) {
+    // Mask word m of unit r: bit b = key ukeys[64 m + b] is in r's bitmap. A warp takes one word m
+    // and up to 32 units: per unit two ballots (positions 64 m + lane, 64 m + 32 + lane), lane
+    // r - c0 keeps unit r's word; then the 32 units' rows (rep each, adjacent in the mask layout)
+    // are stored as consecutive words, coalesced, each lane fetching its unit's word by shuffle.
+    __syncthreads();  // ukeys complete
+    const int lane = tid & 31, warp = tid >> 5;
+    constexpr int kWarps = kUnionThreads / 32;
+    const int chunks = (nu + 31) >> 5;
+    for (int item = warp; item < words_u * chunks; item += kWarps) {  // warp-uniform
+      const int m = item / chunks;
+      const int c0 = (item - m * chunks) * 32;
+      const int c1 = min(nu, c0 + 32);
+      const int p0 = m * 64 + lane, p1 = p0 + 32;
+      const bool v0 = p0 < static_cast<int>(total), v1 = p1 < static_cast<int>(total);
+      const int k0 = v0 ? ukeys[p0] : 0, k1 = v1 ? ukeys[p1] : 0;
+      const int w0 = k0 >> 5, w1 = k1 >> 5;
+      const std::uint32_t s0 = static_cast<std::uint32_t>(k0 & 31), s1 = static_cast<std::uint32_t>(k1 & 31);
+      unsigned long long mine = 0;
+      const std::uint32_t* row = rowbm + c0 * a.words_k;
+      for (int r = c0; r < c1; ++r, row += a.words_k) {
+        const bool b0 = v0 && ((row[w0] >> s0) & 1u) != 0;
+        const bool b1 = v1 && ((row[w1] >> s1) & 1u) != 0;
+        const unsigned lo = __ballot_sync(0xffffffffu, b0);
+        const unsigned hi = __ballot_sync(0xffffffffu, b1);
+        if (lane == r - c0) mine = static_cast<unsigned long long>(lo) | (static_cast<unsigned long long>(hi) << 32);
+      }
+      const int n = (c1 - c0) * rep;
+      unsigned long long* dst = gmask + static_cast<std::int64_t>(m) * a.geo.rows + static_cast<std::int64_t>(r_begin + c0) * rep;
+      for (int base = 0; base < n; base += 32) {  // warp-uniform
+        const int idx = base + lane;
+        const int src = idx < n ? (rep == 1 ? idx : idx / rep) : 0;
+        const unsigned long long v = __shfl_sync(0xffffffffu, mine, src);
+        if (idx < n) dst[idx] = v;
+      }
+    }
+  } else if (a.mask_rows > 0) {
     const int ms = words_u | 1;  // odd stride in 8-byte words: the store loop's reads hit distinct banks
     for (int rb = r_begin; rb < r_end; rb += a.mask_rows) {
       const int re = min(r_end, rb + a.mask_rows);
