@@ -135,9 +135,13 @@ Status plan(const BlockMapParams& p, Plan& out, bool launch = false) {
     }
     out.cluster = plan_cluster(p, g, major);
     const ClusterPlan& c = out.cluster;
+    // e.g. "base3" (the two passes), "cluster16x1 q-in hint1", "cluster8x2 q-pass(base3) hint0";
+    // " pdl" when the scores / selection launches are programmatic dependent launches.
     out.pool_name = c.size == 0 ? std::string(pool_variant_name())
-                                : detail::cat("cluster", c.size, "x", c.occupancy, c.q_inside ? " q-in" : " q-pass",
-                                              " hint", c.hint, " (Q pass ", pool_variant_name(), ")");
+                                : detail::cat("cluster", c.size, "x", c.occupancy,
+                                              c.q_inside ? std::string(" q-in") : detail::cat(" q-pass(", pool_variant_name(), ")"),
+                                              " hint", c.hint);
+    if (pdl_enabled()) out.pool_name += " pdl";
   }
   return {};
 }
