@@ -5,7 +5,10 @@
 //           adds the unit's last chunk (folded into pass 1; or as its own launch);
 //   pass 2 (smooth_k): K pooling of the rows shifted by the mean, in reverse item order, so that
 //           it starts on the K rows pass 1 read last (still in L2).
-// So Q is read once and K twice (the smoothed rows' similarity needs the mean first).
+// So Q is read once and K twice (the smoothed rows' similarity needs the mean first). Opt-in
+// (SPARGE_BLOCKMAP_KPASS=cluster, sm_90, chosen by plan() in block_map.cu): cluster_kernel reads K
+// from DRAM once, a thread block cluster per (sequence, kv head) meeting at a cluster barrier
+// between its chunk sums and its pooling (re-reading its rows from L2), with the same bits.
 //
 // One warp per work item (a Q / K block or a K chunk): no shared memory and no block barriers, so
 // a warp's loads overlap the other warps' arithmetic. A row of D values is read by LANES =
