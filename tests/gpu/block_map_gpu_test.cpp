@@ -604,6 +604,8 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {nullptr, nullptr, nullptr, "0", nullptr, "cluster", "8", "2", "pass", "0"},
       {nullptr, nullptr, "small4", nullptr, nullptr, "cluster", "16", "0", "pass", "2"},
       {nullptr, nullptr, nullptr, "8", nullptr, "cluster", "8", "1", "in", "2"},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "8", "3", "in", "1"},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "16", "3", "pass", "2"},
       {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
       {nullptr, nullptr, nullptr, "4", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
       {"launch", nullptr, nullptr, nullptr, nullptr, "cluster", nullptr, nullptr, "pass", nullptr, "1"}};

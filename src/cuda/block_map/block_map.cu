@@ -57,8 +57,8 @@ constexpr std::int64_t kClusterUnitBytes = std::int64_t{8} << 20;
 //   SPARGE_BLOCKMAP_KPASS = two (default: pass 1, K mean launch, pass 2; K read twice from DRAM)
 //                         | cluster (one thread block cluster per (sequence, kv head), K read once);
 //   SPARGE_BLOCKMAP_CLUSTER = 16 (default) | 8: CTAs per cluster (16 falls back to 8 where it
-//                         cannot launch); _CLUSTER_OCC = 1 (default) | 2 | 0: CTAs per SM (0: no
-//                         cap); _CLUSTER_Q = in (default: Q pooled inside the cluster launch) |
+//                         cannot launch); _CLUSTER_OCC = 1 (default) | 2 | 3 | 0: CTAs per SM
+//                         (3: the 80-register kernel; 0: no cap, registers allow 2); _CLUSTER_Q = in (default: Q pooled inside the cluster launch) |
 //                         pass (a Q pass first); _CLUSTER_HINT = 1 (default) | 0 | 2 (see ClusterPlan).
 // The cluster path needs smooth_k, sm_90, 16-byte loadable Q and K, Sk > 0, and a unit's K of at
 // most kClusterUnitBytes; otherwise (and on any failed query) the two passes run. Same bits either way.
@@ -72,7 +72,7 @@ ClusterPlan plan_cluster(const BlockMapParams& p, const Geometry& g, int major) 
   ClusterPlan cp;
   const std::string size = env_str("SPARGE_BLOCKMAP_CLUSTER"), occ = env_str("SPARGE_BLOCKMAP_CLUSTER_OCC");
   const std::string qmode = env_str("SPARGE_BLOCKMAP_CLUSTER_Q"), hint = env_str("SPARGE_BLOCKMAP_CLUSTER_HINT");
-  cp.occupancy = occ == "0" ? 0 : (occ == "2" ? 2 : 1);
+  cp.occupancy = occ == "0" ? 0 : (occ == "2" ? 2 : (occ == "3" ? 3 : 1));
   cp.q_inside = qmode != "pass";
   cp.hint = hint == "0" ? 0 : (hint == "2" ? 2 : 1);
   const bool bf16 = p.q.dtype == DType::bf16;

@@ -96,7 +96,8 @@ struct Marks {
 // and pools the smoothed K blocks from L2. plan() (block_map.cu) decides; size 0: the two passes.
 struct ClusterPlan {
   int size = 0;          // CTAs per cluster (8, or 16 where the device allows it); 0: not used
-  int occupancy = 1;     // CTAs per SM that the launch's dynamic shared memory leaves room for (0: no cap)
+  int occupancy = 1;     // CTAs per SM that the launch's dynamic shared memory leaves room for (0: no cap);
+                         // 3: the kernel built for 3 CTAs per SM (80 registers)
   bool q_inside = true;  // the cluster launch pools Q too (else a Q pass runs before it)
   int hint = 1;          // 0 plain loads; 1 evict-first for Q and K's re-read; 2 also evict-last on K's first read
 };

@@ -441,9 +441,13 @@ __device__ __forceinline__ void cluster_wait_acquire() {
 }
 #endif
 
-// 2 CTAs per SM at most by registers (dynamic shared memory, set by the host, can cap it at 1).
-template <class T, int LANES>
-__global__ void __launch_bounds__(kPoolThreads, 2) cluster_kernel(const __grid_constant__ ClusterArgs a) {
+// MINB CTAs per SM at most by registers (2: ~128 registers, no spills; 3: 80 registers like the
+// base3 pass kernel, with phase 1 at 8 load steps per lane); dynamic shared memory, set by the
+// host, can cap it lower. H200 (2026-11-30, session 3 round 1b): the stage is latency-bound, and
+// 2 CTAs per SM ran 0.35-0.37 ms against 0.49-0.59 at 1.
+template <class T, int LANES, int MINB>
+__global__ void __launch_bounds__(kPoolThreads, MINB) cluster_kernel(const __grid_constant__ ClusterArgs a) {
+  constexpr int kSumBatch = MINB >= 3 ? kBatch : 16;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float red[kPoolThreads];
   __shared__ float mean[256];  // D <= 256
@@ -459,9 +463,9 @@ __global__ void __launch_bounds__(kPoolThreads, 2) cluster_kernel(const __grid_c
   // Phase 1: chunk sums (16 load steps in flight per lane: few warps per SM have a chunk).
   for (std::int64_t c = c_begin + warp; c < c_end; c += kWarps) {
     if (a.hint == 2) {
-      pool_item<T, LANES, false, true, 16, false, kKeep>(a.g, a.sums, si, h, c);
+      pool_item<T, LANES, false, true, kSumBatch, false, kKeep>(a.g, a.sums, si, h, c);
     } else {
-      pool_item<T, LANES, false, true, 16, false, kPlain>(a.g, a.sums, si, h, c);
+      pool_item<T, LANES, false, true, kSumBatch, false, kPlain>(a.g, a.sums, si, h, c);
     }
   }
   __threadfence();  // this thread's chunk sums, device-wide, before the arrival (release at cluster scope too)
@@ -636,12 +640,16 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
 
 using ClusterKernel = void (*)(ClusterArgs);
 
-// Calls f with cluster_kernel<T, LANES> for the element type and the head dim.
+// Calls f with cluster_kernel<T, LANES, MINB> for the element type, the head dim and the
+// occupancy asked for (3 or more: the 3-CTA register budget; else 2).
 template <class F>
-cudaError_t with_cluster_kernel(bool bf16, std::int64_t d, F&& f) {
+cudaError_t with_cluster_kernel(bool bf16, std::int64_t d, int occupancy, F&& f) {
   const auto go = [&](auto lanes) -> cudaError_t {
     constexpr int L = decltype(lanes)::value;
-    return bf16 ? f(ClusterKernel{cluster_kernel<__nv_bfloat16, L>}) : f(ClusterKernel{cluster_kernel<__half, L>});
+    if (occupancy >= 3) {
+      return bf16 ? f(ClusterKernel{cluster_kernel<__nv_bfloat16, L, 3>}) : f(ClusterKernel{cluster_kernel<__half, L, 3>});
+    }
+    return bf16 ? f(ClusterKernel{cluster_kernel<__nv_bfloat16, L, 2>}) : f(ClusterKernel{cluster_kernel<__half, L, 2>});
   };
   const std::int64_t cols = d / 8;
   if (cols <= 1) return go(std::integral_constant<int, 1>{});
@@ -711,7 +719,7 @@ cudaError_t launch_cluster_pooling(const Geometry& g, const Rows& q, const Rows&
   a.small = a.qpool.count < (std::int64_t{1} << 31);
   const std::int64_t units = g.nseq * g.hk;
   if (units > 0) {
-    e = with_cluster_kernel(bf16, g.d, [&](ClusterKernel kernel) {
+    e = with_cluster_kernel(bf16, g.d, cp.occupancy, [&](ClusterKernel kernel) {
       cudaLaunchConfig_t cfg;
       cudaLaunchAttribute attr[1];
       cudaError_t err = cluster_config(kernel, units, cp.size, cp.occupancy, st, cfg, attr);
@@ -727,7 +735,7 @@ cudaError_t launch_cluster_pooling(const Geometry& g, const Rows& q, const Rows&
 
 int cluster_resident(bool bf16, std::int64_t d, int size, int occupancy) {
   int clusters = 0;
-  const cudaError_t e = with_cluster_kernel(bf16, d, [&](ClusterKernel kernel) {
+  const cudaError_t e = with_cluster_kernel(bf16, d, occupancy, [&](ClusterKernel kernel) {
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
     cudaError_t err = cluster_config(kernel, 1, size, occupancy, nullptr, cfg, attr);
