@@ -591,6 +591,7 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* qmode = nullptr;
     const char* hint = nullptr;
     const char* pdl = nullptr;
+    const char* cpersist = nullptr;
   };
   const Setting settings[] = {
       {"launch", nullptr, nullptr, nullptr, nullptr},   {nullptr, "1", nullptr, nullptr, nullptr},
@@ -608,7 +609,9 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "16", "3", "pass", "2"},
       {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
       {nullptr, nullptr, nullptr, "4", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
-      {"launch", nullptr, nullptr, nullptr, nullptr, "cluster", nullptr, nullptr, "pass", nullptr, "1"}};
+      {"launch", nullptr, nullptr, nullptr, nullptr, "cluster", nullptr, nullptr, "pass", nullptr, "1"},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "8", "2", "in", "1", nullptr, "1"},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "16", "3", "pass", "2", "1", "1"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
@@ -618,7 +621,7 @@ void check_switches(const Problem& p, const GpuResult& first) {
         persist("SPARGE_BLOCKMAP_PERSIST", st.persist), kpass("SPARGE_BLOCKMAP_KPASS", st.kpass),
         csize("SPARGE_BLOCKMAP_CLUSTER", st.csize), occ("SPARGE_BLOCKMAP_CLUSTER_OCC", st.occ),
         qmode("SPARGE_BLOCKMAP_CLUSTER_Q", st.qmode), hint("SPARGE_BLOCKMAP_CLUSTER_HINT", st.hint),
-        pdl("SPARGE_BLOCKMAP_PDL", st.pdl);
+        pdl("SPARGE_BLOCKMAP_PDL", st.pdl), cpersist("SPARGE_BLOCKMAP_CLUSTER_PERSIST", st.cpersist);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
@@ -626,7 +629,8 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
                              " SCORESEL=" + show(st.scoresel) + " PERSIST=" + show(st.persist) +
                              " KPASS=" + show(st.kpass) + " CLUSTER=" + show(st.csize) + " OCC=" + show(st.occ) +
-                             " Q=" + show(st.qmode) + " HINT=" + show(st.hint) + " PDL=" + show(st.pdl);
+                             " Q=" + show(st.qmode) + " HINT=" + show(st.hint) + " PDL=" + show(st.pdl) +
+                             " CLUSTER_PERSIST=" + show(st.cpersist);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))

@@ -59,7 +59,8 @@ constexpr std::int64_t kClusterUnitBytes = std::int64_t{8} << 20;
 //   SPARGE_BLOCKMAP_CLUSTER = 16 (default) | 8: CTAs per cluster (16 falls back to 8 where it
 //                         cannot launch); _CLUSTER_OCC = 1 (default) | 2 | 3 | 0: CTAs per SM
 //                         (3: the 80-register kernel; 0: no cap, registers allow 2); _CLUSTER_Q = in (default: Q pooled inside the cluster launch) |
-//                         pass (a Q pass first); _CLUSTER_HINT = 1 (default) | 0 | 2 (see ClusterPlan).
+//                         pass (a Q pass first); _CLUSTER_HINT = 1 (default) | 0 | 2 (see ClusterPlan);
+//                         _CLUSTER_PERSIST = 1: a grid of the resident clusters looping over units.
 // The cluster path needs smooth_k, sm_90, 16-byte loadable Q and K, Sk > 0, and a unit's K of at
 // most kClusterUnitBytes; otherwise (and on any failed query) the two passes run. Same bits either way.
 ClusterPlan plan_cluster(const BlockMapParams& p, const Geometry& g, int major) {
@@ -75,6 +76,7 @@ ClusterPlan plan_cluster(const BlockMapParams& p, const Geometry& g, int major) 
   cp.occupancy = occ == "0" ? 0 : (occ == "2" ? 2 : (occ == "3" ? 3 : 1));
   cp.q_inside = qmode != "pass";
   cp.hint = hint == "0" ? 0 : (hint == "2" ? 2 : 1);
+  cp.persist = env_str("SPARGE_BLOCKMAP_CLUSTER_PERSIST") == "1";
   const bool bf16 = p.q.dtype == DType::bf16;
   for (int c : {size == "8" ? 8 : 16, 8}) {
     if (cluster_resident(bf16, g.d, c, cp.occupancy) > 0) {
@@ -140,7 +142,7 @@ Status plan(const BlockMapParams& p, Plan& out, bool launch = false) {
     out.pool_name = c.size == 0 ? std::string(pool_variant_name())
                                 : detail::cat("cluster", c.size, "x", c.occupancy,
                                               c.q_inside ? std::string(" q-in") : detail::cat(" q-pass(", pool_variant_name(), ")"),
-                                              " hint", c.hint);
+                                              " hint", c.hint, c.persist ? " persist" : "");
     if (pdl_enabled()) out.pool_name += " pdl";
   }
   return {};

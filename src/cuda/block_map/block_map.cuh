@@ -100,6 +100,7 @@ struct ClusterPlan {
                          // 3: the kernel built for 3 CTAs per SM (80 registers)
   bool q_inside = true;  // the cluster launch pools Q too (else a Q pass runs before it)
   int hint = 1;          // 0 plain loads; 1 evict-first for Q and K's re-read; 2 also evict-last on K's first read
+  bool persist = false;  // a grid of the clusters resident at once, each looping over units (else one per unit)
 };
 // Clusters of the cluster kernel (head dim d) that fit on the current device at once (0: it cannot
 // launch so; the error is cleared).

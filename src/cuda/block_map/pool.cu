@@ -452,51 +452,66 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) cluster_kernel(const __gri
   __shared__ float red[kPoolThreads];
   __shared__ float mean[256];  // D <= 256
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const std::int64_t unit = blockIdx.x / a.csize;
+  // Clusters [0, nclusters) of the grid take the units cl, cl + nclusters, ... (persistent grid,
+  // SPARGE_BLOCKMAP_CLUSTER_PERSIST=1; else one unit per cluster). The host launches at most
+  // `units` clusters, so every cluster has at least one.
+  const std::int64_t nclusters = gridDim.x / a.csize;
+  const std::int64_t cl = blockIdx.x / a.csize;
   const std::int64_t rank = blockIdx.x % a.csize;  // the CTA's rank in its (1-D) cluster
-  const std::int64_t si = unit / a.g.hk, h = unit % a.g.hk;
+  const std::int64_t units = a.g.nseq * a.g.hk;
+  const std::int64_t my_units = (units - cl + nclusters - 1) / nclusters;
   const std::int64_t nchunks = a.sums.nblk;
   const std::int64_t per = (nchunks + a.csize - 1) / a.csize;
   const std::int64_t c_begin = rank * per < nchunks ? rank * per : nchunks;
   const std::int64_t c_end = c_begin + per < nchunks ? c_begin + per : nchunks;
-
-  // Phase 1: chunk sums (16 load steps in flight per lane: few warps per SM have a chunk).
-  for (std::int64_t c = c_begin + warp; c < c_end; c += kWarps) {
-    if (a.hint == 2) {
-      pool_item<T, LANES, false, true, kSumBatch, false, kKeep>(a.g, a.sums, si, h, c);
-    } else {
-      pool_item<T, LANES, false, true, kSumBatch, false, kPlain>(a.g, a.sums, si, h, c);
-    }
-  }
-  __threadfence();  // this thread's chunk sums, device-wide, before the arrival (release at cluster scope too)
-  cluster_arrive_release();
-
-  // Q blocks while the cluster's other CTAs finish phase 1.
-  const std::int64_t qcount = a.qpool.count;
-  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp; w < qcount;
-       w += static_cast<std::int64_t>(gridDim.x) * kWarps) {
-    std::int64_t qs, qh, qb;
-    decode_item(a.qpool, w, a.small, qs, qh, qb);
-    if (a.hint >= 1) {
-      pool_item<T, LANES, false, true, kBatch, false, kStream>(a.g, a.qpool, qs, qh, qb);
-    } else {
-      pool_item<T, LANES, false, true, kBatch, false, kPlain>(a.g, a.qpool, qs, qh, qb);
-    }
-  }
-
-  cluster_wait_acquire();
-  const Seq seq = sequence(a.g, si);
-  unit_k_mean<true>(a.g, a.sums.out + unit * nchunks * a.g.d, nchunks, seq.k_len, red, mean);
-
-  // Phase 3: the CTA's K blocks, last to first (the rows read last are likeliest still in L2).
   const std::int64_t per_chunk = kKSumRows / a.kpool.blk;
   const std::int64_t b_begin = c_begin * per_chunk;
   const std::int64_t b_end = c_end * per_chunk < a.kpool.nblk ? c_end * per_chunk : a.kpool.nblk;
-  for (std::int64_t b = b_end - 1 - warp; b >= b_begin; b -= kWarps) {
-    if (a.hint >= 1) {
-      pool_item<T, LANES, false, true, kBatch, true, kStream>(a.g, a.kpool, si, h, b, mean);
-    } else {
-      pool_item<T, LANES, false, true, kBatch, true, kPlain>(a.g, a.kpool, si, h, b, mean);
+  // The warp's Q items are q_first + m * q_stride (m = 0, 1, ...); iteration `it` takes those with
+  // m % my_units == it, so they spread over the cluster's units.
+  const std::int64_t qcount = a.qpool.count;
+  const std::int64_t q_first = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
+  const std::int64_t q_stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
+
+  for (std::int64_t it = 0; it < my_units; ++it) {
+    const std::int64_t unit = cl + it * nclusters;
+    const std::int64_t si = unit / a.g.hk, h = unit % a.g.hk;
+
+    // Phase 1: chunk sums (16 load steps in flight per lane with MINB 2: few warps per SM have a chunk).
+    for (std::int64_t c = c_begin + warp; c < c_end; c += kWarps) {
+      if (a.hint == 2) {
+        pool_item<T, LANES, false, true, kSumBatch, false, kKeep>(a.g, a.sums, si, h, c);
+      } else {
+        pool_item<T, LANES, false, true, kSumBatch, false, kPlain>(a.g, a.sums, si, h, c);
+      }
+    }
+    __threadfence();  // this thread's chunk sums, device-wide, before the arrival (release at cluster scope too)
+    cluster_arrive_release();
+
+    // Q blocks while the cluster's other CTAs finish phase 1.
+    for (std::int64_t m = it; q_first + m * q_stride < qcount; m += my_units) {
+      std::int64_t qs, qh, qb;
+      decode_item(a.qpool, q_first + m * q_stride, a.small, qs, qh, qb);
+      if (a.hint >= 1) {
+        pool_item<T, LANES, false, true, kBatch, false, kStream>(a.g, a.qpool, qs, qh, qb);
+      } else {
+        pool_item<T, LANES, false, true, kBatch, false, kPlain>(a.g, a.qpool, qs, qh, qb);
+      }
+    }
+
+    cluster_wait_acquire();
+    // red and mean are rewritten only after unit_k_mean's first barrier, which every thread
+    // reaches after its previous iteration's phase 3 (the last reader of mean).
+    const Seq seq = sequence(a.g, si);
+    unit_k_mean<true>(a.g, a.sums.out + unit * nchunks * a.g.d, nchunks, seq.k_len, red, mean);
+
+    // Phase 3: the CTA's K blocks, last to first (the rows read last are likeliest still in L2).
+    for (std::int64_t b = b_end - 1 - warp; b >= b_begin; b -= kWarps) {
+      if (a.hint >= 1) {
+        pool_item<T, LANES, false, true, kBatch, true, kStream>(a.g, a.kpool, si, h, b, mean);
+      } else {
+        pool_item<T, LANES, false, true, kBatch, true, kPlain>(a.g, a.kpool, si, h, b, mean);
+      }
     }
   }
 #else
@@ -722,7 +737,16 @@ cudaError_t launch_cluster_pooling(const Geometry& g, const Rows& q, const Rows&
     e = with_cluster_kernel(bf16, g.d, cp.occupancy, [&](ClusterKernel kernel) {
       cudaLaunchConfig_t cfg;
       cudaLaunchAttribute attr[1];
-      cudaError_t err = cluster_config(kernel, units, cp.size, cp.occupancy, st, cfg, attr);
+      // Persistent: as many clusters as fit at once (never more than units; a failed query: one per unit).
+      std::int64_t clusters = units;
+      if (cp.persist) {
+        cudaError_t err = cluster_config(kernel, 1, cp.size, cp.occupancy, st, cfg, attr);
+        int resident = 0;
+        if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg);
+        if (err != cudaSuccess) (void)cudaGetLastError();
+        if (err == cudaSuccess && resident > 0 && resident < units) clusters = resident;
+      }
+      cudaError_t err = cluster_config(kernel, clusters, cp.size, cp.occupancy, st, cfg, attr);
       if (err == cudaSuccess) err = cudaLaunchKernelEx(&cfg, kernel, a);
       return err != cudaSuccess ? err : cudaGetLastError();
     });
