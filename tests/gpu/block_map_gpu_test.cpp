@@ -572,65 +572,53 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 }
 
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
-// as its own launch, K sums first in pass 1, the pooling kernel variants, resident-only pooling
-// grids, the scores and the selection as two launches through memory, 8 rows per warp in the
-// fused scores + selection, and the smooth_k cluster path (K read once; sm_90, else it falls back
-// to the two passes) with its cluster sizes, occupancy caps, Q inside or as its own pass, and cache
-// hints, and programmatic dependent launches of the scores and the selection. Running the whole suite with SPARGE_BLOCKMAP_KPASS=cluster compares every case with the
-// CPU on the cluster path, and these reruns (KPASS unset) with the two passes.
+// folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
+// grids, programmatic dependent launches (scores + selection; and the K mean + pass 2), the scores
+// tiles (128 x 128 default, 64 x 128, 64 x 64, the small micro-tiles), the selection's bit search
+// at 1 / 2 / 4 bits a step and its register-capped build (12 CTAs per SM), alone and combined.
+// (SPARGE_BLOCKMAP_SELECT=count is left out: its cdf adds in another fp32 order.)
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
-    const char* kmean;
-    const char* kfirst;
-    const char* pool;
-    const char* scoresel;
-    const char* persist;
-    const char* kpass = nullptr;
-    const char* csize = nullptr;
-    const char* occ = nullptr;
-    const char* qmode = nullptr;
-    const char* hint = nullptr;
+    const char* kmean = nullptr;
+    const char* kfirst = nullptr;
+    const char* pool = nullptr;
+    const char* persist = nullptr;
     const char* pdl = nullptr;
-    const char* cpersist = nullptr;
+    const char* scores = nullptr;
+    const char* select = nullptr;
+    const char* select_occ = nullptr;
   };
+  const auto set = [](const char* kmean, const char* kfirst, const char* pool, const char* persist, const char* pdl,
+                      const char* scores, const char* select, const char* select_occ) {
+    return Setting{kmean, kfirst, pool, persist, pdl, scores, select, select_occ};
+  };
+  const char* const o = nullptr;  // unset
   const Setting settings[] = {
-      {"launch", nullptr, nullptr, nullptr, nullptr},   {nullptr, "1", nullptr, nullptr, nullptr},
-      {nullptr, nullptr, "prefetch", nullptr, nullptr}, {nullptr, nullptr, "base", nullptr, nullptr},
-      {"launch", "1", "wide", nullptr, nullptr},        {nullptr, nullptr, nullptr, "0", nullptr},
-      {nullptr, nullptr, nullptr, "8", nullptr},        {"launch", nullptr, "base", "0", nullptr},
-      {nullptr, nullptr, nullptr, nullptr, "1"},        {nullptr, "1", "prefetch", "8", "1"},
-      {nullptr, nullptr, "small4", nullptr, nullptr},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster"},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, "two"},
-      {nullptr, nullptr, nullptr, "0", nullptr, "cluster", "8", "2", "pass", "0"},
-      {nullptr, nullptr, "small4", nullptr, nullptr, "cluster", "16", "0", "pass", "2"},
-      {nullptr, nullptr, nullptr, "8", nullptr, "cluster", "8", "1", "in", "2"},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "8", "3", "in", "1"},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "16", "3", "pass", "2"},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
-      {nullptr, nullptr, nullptr, "4", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
-      {"launch", nullptr, nullptr, nullptr, nullptr, "cluster", nullptr, nullptr, "pass", nullptr, "1"},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "8", "2", "in", "1", nullptr, "1"},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, "cluster", "16", "3", "pass", "2", "1", "1"}};
+      set("fold", o, o, o, o, o, o, o),         set(o, "1", o, o, o, o, o, o),
+      set(o, o, "prefetch", o, o, o, o, o),     set(o, o, "base", o, o, o, o, o),
+      set("fold", "1", "wide", o, o, o, o, o),  set(o, o, o, "1", o, o, o, o),
+      set(o, "1", "prefetch", "1", o, o, o, o), set(o, o, "small4", o, o, o, o, o),
+      set(o, o, o, o, "1", o, o, o),            set(o, o, o, o, "2", o, o, o),
+      set("fold", o, o, "1", "2", o, o, o),     set(o, o, o, o, o, "big64x128", o, o),
+      set(o, o, o, o, "2", "big64x64", o, o),   set(o, o, o, o, o, "small", o, o),
+      set(o, o, o, o, o, o, "search2", o),      set(o, o, o, o, o, o, "search4", o),
+      set(o, o, o, o, o, o, o, "12"),           set(o, o, o, o, "1", o, "search4", "12"),
+      set(o, o, o, o, o, "big64x64", "search2", "12")};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
-        pool("SPARGE_BLOCKMAP_POOL", st.pool), scoresel("SPARGE_BLOCKMAP_SCORESEL", st.scoresel),
-        persist("SPARGE_BLOCKMAP_PERSIST", st.persist), kpass("SPARGE_BLOCKMAP_KPASS", st.kpass),
-        csize("SPARGE_BLOCKMAP_CLUSTER", st.csize), occ("SPARGE_BLOCKMAP_CLUSTER_OCC", st.occ),
-        qmode("SPARGE_BLOCKMAP_CLUSTER_Q", st.qmode), hint("SPARGE_BLOCKMAP_CLUSTER_HINT", st.hint),
-        pdl("SPARGE_BLOCKMAP_PDL", st.pdl), cpersist("SPARGE_BLOCKMAP_CLUSTER_PERSIST", st.cpersist);
+        pool("SPARGE_BLOCKMAP_POOL", st.pool), persist("SPARGE_BLOCKMAP_PERSIST", st.persist),
+        pdl("SPARGE_BLOCKMAP_PDL", st.pdl), scores("SPARGE_BLOCKMAP_SCORES", st.scores),
+        select("SPARGE_BLOCKMAP_SELECT", st.select), select_occ("SPARGE_BLOCKMAP_SELECT_OCC", st.select_occ);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
-                             " SCORESEL=" + show(st.scoresel) + " PERSIST=" + show(st.persist) +
-                             " KPASS=" + show(st.kpass) + " CLUSTER=" + show(st.csize) + " OCC=" + show(st.occ) +
-                             " Q=" + show(st.qmode) + " HINT=" + show(st.hint) + " PDL=" + show(st.pdl) +
-                             " CLUSTER_PERSIST=" + show(st.cpersist);
+                             " PERSIST=" + show(st.persist) + " PDL=" + show(st.pdl) + " SCORES=" + show(st.scores) +
+                             " SELECT=" + show(st.select) + " SELECT_OCC=" + show(st.select_occ);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))
@@ -897,8 +885,9 @@ SPARGE_CASES(BlockMapGpu) {
   }
   // The run-time switches give the same bits as the default: GQA with many K chunks per unit, varlen
   // with empty sequences and slack, small and large head dims, HND bf16, rows of up to 128 and of
-  // up to 256 key blocks (both register tiles of the fused scores + selection), partial CTA tiles
-  // of query blocks (NQ not a multiple of 32 or 64).
+  // up to 256 key blocks (both register tiles of the warp selection: 4 and 8 key blocks per lane),
+  // partial tiles of query blocks (NQ not a multiple of 32 or 64), NQ and NK of at least 128 (the
+  // large scores tiles, partial both ways).
   {
     Cfg c;
     c.b = 3, c.hq = 8, c.hk = 2, c.sq = 1000, c.sk = 5000, c.d = 128, c.causal = true, c.sel = {0.3f};
@@ -921,11 +910,19 @@ SPARGE_CASES(BlockMapGpu) {
     c.sq = 9000, c.sk = 16000, c.causal = true, c.use_topk = false, c.sel = {0.9f}, c.sim = {}, c.scale = 0.01f;
     c.dtype = DType::bf16, c.layout = Layout::hnd, c.blkq = 128;  // NQ 71, NK 250, cdf
     add(cases, c);
-    // Many K chunks per unit (157: the cluster path's CTAs own 10 or 20 chunks, the last a partial
-    // share) with 128-row K blocks (two per chunk), NK 313 (the CTA selection kernel).
+    // Many K chunks per unit (157) with 128-row K blocks (two per chunk), NK 313 (the CTA selection
+    // kernel).
     c.b = 2, c.hq = 4, c.hk = 2, c.sq = 512, c.sk = 40000, c.d = 128, c.causal = false, c.use_topk = true;
     c.sel = {0.3f}, c.sim = {0.1f}, c.scale = 0.0f, c.dtype = DType::f16, c.layout = Layout::nhd, c.blkq = 64;
     c.blkk = 128, c.pattern = Pattern::ramp;
+    add(cases, c);
+    // NQ = NK = 141 (causal top-k) and NQ 133, NK 188 (cdf, bf16 HND): every scores tile shape
+    // (128 x 128, 64 x 128, 64 x 64) has partial tiles in both directions, causal ones skipped.
+    c.b = 2, c.hq = 4, c.hk = 2, c.sq = 9000, c.sk = 9000, c.d = 64, c.causal = true, c.use_topk = true;
+    c.sel = {0.2f}, c.sim = {0.1f}, c.blkk = 64, c.pattern = Pattern::ramp;  // random draws near-ties at this size
+    add(cases, c);
+    c.sq = 8500, c.sk = 12000, c.d = 128, c.causal = false, c.use_topk = false, c.sel = {0.8f}, c.sim = {};
+    c.dtype = DType::bf16, c.layout = Layout::hnd;
     add(cases, c);
   }
   // Determinism: the same inputs give bitwise the same outputs (run four times).

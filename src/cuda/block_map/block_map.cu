@@ -38,56 +38,10 @@ bool vector_loads(const Tensor& t) {
 struct Plan {
   Geometry g;
   std::size_t select_smem = 0;
-  ClusterPlan cluster;          // size 0: the two-pass smooth_k pooling (or no smoothing)
-  std::string pool_name;        // for the profile line
+  std::string pool_name;  // for the profile line
 };
 
-// An env var's value, or "" when unset.
-std::string env_str(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? v : "";
-}
-
-// A unit's K (one sequence, one kv head) at most this large takes the cluster path: the K of the
-// clusters resident at once (8 at 16 CTAs, 1 per SM, on an H200) stays within L2 between its two
-// reads.
-constexpr std::int64_t kClusterUnitBytes = std::int64_t{8} << 20;
-
-// The smooth_k K pass (docs/block_map_gpu.md), read per call:
-//   SPARGE_BLOCKMAP_KPASS = two (default: pass 1, K mean launch, pass 2; K read twice from DRAM)
-//                         | cluster (one thread block cluster per (sequence, kv head), K read once);
-//   SPARGE_BLOCKMAP_CLUSTER = 16 (default) | 8: CTAs per cluster (16 falls back to 8 where it
-//                         cannot launch); _CLUSTER_OCC = 1 (default) | 2 | 3 | 0: CTAs per SM
-//                         (3: the 80-register kernel; 0: no cap, registers allow 2); _CLUSTER_Q = in (default: Q pooled inside the cluster launch) |
-//                         pass (a Q pass first); _CLUSTER_HINT = 1 (default) | 0 | 2 (see ClusterPlan);
-//                         _CLUSTER_PERSIST = 1: a grid of the resident clusters looping over units.
-// The cluster path needs smooth_k, sm_90, 16-byte loadable Q and K, Sk > 0, and a unit's K of at
-// most kClusterUnitBytes; otherwise (and on any failed query) the two passes run. Same bits either way.
-ClusterPlan plan_cluster(const BlockMapParams& p, const Geometry& g, int major) {
-  ClusterPlan none;
-  if (!p.smooth_k || env_str("SPARGE_BLOCKMAP_KPASS") != "cluster") return none;
-  if (major < 9 || !vector_loads(p.q) || !vector_loads(p.k) || g.sk <= 0 || kKSumRows % g.blkk != 0) return none;
-  if (g.sk * g.d * 2 > kClusterUnitBytes) return none;
-  const std::int64_t units = g.nseq * g.hk;
-  if (units <= 0 || units * 16 >= (std::int64_t{1} << 31)) return none;
-  ClusterPlan cp;
-  const std::string size = env_str("SPARGE_BLOCKMAP_CLUSTER"), occ = env_str("SPARGE_BLOCKMAP_CLUSTER_OCC");
-  const std::string qmode = env_str("SPARGE_BLOCKMAP_CLUSTER_Q"), hint = env_str("SPARGE_BLOCKMAP_CLUSTER_HINT");
-  cp.occupancy = occ == "0" ? 0 : (occ == "2" ? 2 : (occ == "3" ? 3 : 1));
-  cp.q_inside = qmode != "pass";
-  cp.hint = hint == "0" ? 0 : (hint == "2" ? 2 : 1);
-  cp.persist = env_str("SPARGE_BLOCKMAP_CLUSTER_PERSIST") == "1";
-  const bool bf16 = p.q.dtype == DType::bf16;
-  for (int c : {size == "8" ? 8 : 16, 8}) {
-    if (cluster_resident(bf16, g.d, c, cp.occupancy) > 0) {
-      cp.size = c;
-      return cp;
-    }
-  }
-  return none;
-}
-
-// launch: also choose the smooth_k K pass (which queries the device; supported() needs no choice).
+// launch: also name the pooling variant for the profile line (supported() needs no name).
 Status plan(const BlockMapParams& p, Plan& out, bool launch = false) {
   if (p.q.dtype != DType::f16 && p.q.dtype != DType::bf16) {
     return unsupported(detail::cat(kOp, ": q.dtype = ", to_string(p.q.dtype),
@@ -130,20 +84,9 @@ Status plan(const BlockMapParams& p, Plan& out, bool launch = false) {
                                    " bytes of shared memory for the selection, this device allows ", optin));
   }
   if (launch) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      major = 0;  // the two passes
-    }
-    out.cluster = plan_cluster(p, g, major);
-    const ClusterPlan& c = out.cluster;
-    // e.g. "base3" (the two passes), "cluster16x1 q-in hint1", "cluster8x2 q-pass(base3) hint0";
-    // " pdl" when the scores / selection launches are programmatic dependent launches.
-    out.pool_name = c.size == 0 ? std::string(pool_variant_name())
-                                : detail::cat("cluster", c.size, "x", c.occupancy,
-                                              c.q_inside ? std::string(" q-in") : detail::cat(" q-pass(", pool_variant_name(), ")"),
-                                              " hint", c.hint, c.persist ? " persist" : "");
-    if (pdl_enabled()) out.pool_name += " pdl";
+    // e.g. "base3", or "base3 pdl2" when launches are programmatic dependent launches.
+    out.pool_name = pool_variant_name();
+    if (const int pdl = pdl_mode(); pdl > 0) out.pool_name += detail::cat(" pdl", pdl);
   }
   return {};
 }
@@ -261,15 +204,13 @@ Status build_block_map(const BlockMapParams& p) {
   const bool heads_on_device = g.hq > kInlineHeads;
 
   // Scratch: one allocation on the stream (from the shared retained pool, src/cuda/scratch_pool.h),
-  // carved into fp32 regions (and the folded K mean's 32-bit counters). The fused scores +
-  // selection keeps the scores in registers: no score region then.
+  // carved into fp32 regions (and the folded K mean's 32-bit counters).
   Scratch s;
   s.nchunks = p.smooth_k ? (g.sk + kKSumRows - 1) / kKSumRows : 0;
-  const bool fused_select = score_select_fused(g);
   const auto n = [](std::int64_t v) { return round_up(static_cast<std::size_t>(v)); };
   const std::size_t sizes[] = {
       n(g.nseq * g.hk * s.nchunks * g.d), n(g.nseq * g.hk * g.d), n(g.nseq * g.hk * g.nk * g.d), n(g.nseq * g.hk * g.nk),
-      n(g.nseq * g.hq * g.nq * g.d),      n(g.nseq * g.hq * g.nq), fused_select ? 0 : n(g.nseq * g.hq * g.nq * g.nk),
+      n(g.nseq * g.hq * g.nq * g.d),      n(g.nseq * g.hq * g.nq), n(g.nseq * g.hq * g.nq * g.nk),
       p.smooth_k ? n(g.nseq * g.hk) : 0,  // the folded K mean's counters (32-bit words)
       heads_on_device ? n(2 * g.hq) : 0};
   std::size_t floats = 0;
@@ -315,36 +256,26 @@ Status build_block_map(const BlockMapParams& p) {
   StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
   phase = "the pooling (K mean, Q and K blocks)";
-  if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, pl.cluster, s, out_of<float>(p.maybe_q_sim),
+  if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim),
                           out_of<float>(p.maybe_k_sim), stream, timer.marks())) != cudaSuccess) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;
-  if (fused_select) {
-    phase = "the pooled scores and the selection";
-    if ((e = launch_score_select(g, scale, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
-                                 out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
-      return fail(e);
-    }
-    timer.mark("scores + select");
-  } else {
-    phase = "the pooled scores";
-    if ((e = launch_scores(g, scale, s, stream)) != cudaSuccess) return fail(e);
-    timer.mark("scores");
-    phase = "the selection";
-    if ((e = launch_select(g, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
-                           out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
-      return fail(e);
-    }
-    timer.mark("select");
+  phase = "the pooled scores";
+  if ((e = launch_scores(g, scale, s, stream)) != cudaSuccess) return fail(e);
+  timer.mark("scores");
+  phase = "the selection";
+  if ((e = launch_select(g, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
+                         out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
+    return fail(e);
   }
+  timer.mark("select");
   e = cudaFreeAsync(base, stream);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return runtime_error(detail::cat(kOp, ": cudaFreeAsync of the scratch failed: ", cudaGetErrorString(e)));
   }
-  timer.print(g, pl.pool_name.c_str(), fused_select ? score_select_variant(g) : scores_variant(g),
-              fused_select ? "in scores" : select_variant(g.nk));
+  timer.print(g, pl.pool_name.c_str(), scores_variant(g), select_variant(g.nk));
   return {};
 }
 

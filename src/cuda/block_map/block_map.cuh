@@ -2,7 +2,7 @@
 // with, the sequence / visibility rules of docs/semantics.md (Stage 1) in device form, the input
 // loaders, and the launchers the host entry (block_map.cu) calls in order:
 //   pooling (pass 1: Q pooling + K chunk sums (+ the K mean); pass 2: K pooling), then scores
-//   (pooled QK) and select (top-k / cdf, LUT), in one launch for rows of at most 256 key blocks.
+//   (pooled QK) and select (top-k / cdf, LUT).
 // Every kernel walks a 1-D grid-stride loop over 64-bit work indices, so batch * heads may exceed
 // 65535 (and any count fits) without relying on gridDim.y / z.
 #pragma once
@@ -91,39 +91,24 @@ struct Marks {
   }
 };
 
-// The smooth_k pooling with one DRAM read of K (pool.cu, cluster_kernel, sm_90 only): a thread
-// block cluster per (sequence, kv head) computes the unit's chunk sums, meets at a cluster barrier,
-// and pools the smoothed K blocks from L2. plan() (block_map.cu) decides; size 0: the two passes.
-struct ClusterPlan {
-  int size = 0;          // CTAs per cluster (8, or 16 where the device allows it); 0: not used
-  int occupancy = 1;     // CTAs per SM that the launch's dynamic shared memory leaves room for (0: no cap);
-                         // 3: the kernel built for 3 CTAs per SM (80 registers)
-  bool q_inside = true;  // the cluster launch pools Q too (else a Q pass runs before it)
-  int hint = 1;          // 0 plain loads; 1 evict-first for Q and K's re-read; 2 also evict-last on K's first read
-  bool persist = false;  // a grid of the clusters resident at once, each looping over units (else one per unit)
-};
-// Clusters of the cluster kernel (head dim d) that fit on the current device at once (0: it cannot
-// launch so; the error is cleared).
-int cluster_resident(bool bf16, std::int64_t d, int size, int occupancy);
-
 // Launchers (each checks its launch with cudaGetLastError and returns the error).
 // dtype_bf16 picks the element type of q / k.
 // Pools Q (heads = hq, blocks of blkq) and K (heads = hk, blocks of blkk, shifted by the K mean
 // when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
 // similarities and the optional diagnostic outputs: one launch without smooth, else two (K mean
-// folded into the first, after a memset of s.k_done) or three (pool.cu), or the cluster kernel.
-// With smooth and cluster.size > 0: the cluster kernel (and a Q pass before it unless q_inside).
+// folded into the first, after a memset of s.k_done) or three (pool.cu).
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth,
-                           const ClusterPlan& cluster, const Scratch& s, const Out<float>& maybe_q_sim,
+                           const Scratch& s, const Out<float>& maybe_q_sim,
                            const Out<float>& maybe_k_sim, cudaStream_t st, const Marks& marks = {});
 // The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into
-// s.k_mean; the pooling of Q (is_k = false) or of K shifted by `shift` ([nseq, hk, D], or null).
+// s.k_mean (pdl: a programmatic dependent launch, only right after a kernel); the pooling of Q
+// (is_k = false) or of K shifted by `shift` ([nseq, hk, D], or null).
 // Which pooling kernel variant runs (names it in profiles; SPARGE_BLOCKMAP_POOL).
 const char* pool_variant_name();
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
-cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st);
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st, bool pdl = false);
 cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is_k, const float* shift, const Scratch& s,
                             cudaStream_t st);
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st);
@@ -135,20 +120,14 @@ std::size_t select_smem_bytes(std::int64_t nk);
 const char* select_variant(std::int64_t nk);
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st);
-// Scores and selection in one launch (select.cu, rows of at most 256 key blocks): the scores stay
-// in registers, s.scores is not used. Same outputs, bit for bit, as launch_scores + launch_select.
-// score_select_fused says whether the host entry takes it (geometry and SPARGE_BLOCKMAP_SCORESEL).
-bool score_select_fused(const Geometry& g);
-const char* score_select_variant(const Geometry& g);
-cudaError_t launch_score_select(const Geometry& g, float scale, const SelectRule& rule, const Scratch& s,
-                                const Out<std::int32_t>& lut, const Out<std::int32_t>& counts,
-                                const Out<float>& maybe_scores, cudaStream_t st);
-
-// Programmatic dependent launch (SPARGE_BLOCKMAP_PDL=1, read per call; sm_90 and later, else
-// off): the scores and selection launches carry cudaLaunchAttributeProgrammaticStreamSerialization,
-// so that their launch overlaps the end of the kernel before them. Same bits: every kernel launched
-// so starts with wait_prior_grid() before it touches memory.
-bool pdl_enabled();
+// Programmatic dependent launch (SPARGE_BLOCKMAP_PDL, read per call; sm_90 and later, else 0):
+//   0 (default): plain launches;
+//   1: the scores and selection launches carry cudaLaunchAttributeProgrammaticStreamSerialization;
+//   2: the K mean and pass 2 launches too (pass 1 never: copies / memsets may come before it).
+// Every kernel calls wait_prior_grid() before it touches memory and allow_dependents() right after
+// (a no-op when the next launch is a plain one), so a dependent grid's CTAs can become resident,
+// and wait, while the grid before it still runs. Same bits every way.
+int pdl_mode();
 
 #ifdef __CUDACC__
 
@@ -160,10 +139,19 @@ __device__ __forceinline__ void wait_prior_grid() {
 #endif
 }
 
-// A launch through cudaLaunchKernelEx, with the PDL attribute when pdl_enabled(); the kernel must
-// begin with wait_prior_grid(). Returns the launch's error (or cudaGetLastError's).
+// griddepcontrol.launch_dependents: once every CTA of this grid has issued it (or exited), the
+// next grid in the stream, if launched with the PDL attribute, may start (its CTAs then wait in
+// wait_prior_grid() for this grid's completion). Without a dependent launch it does nothing.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A launch through cudaLaunchKernelEx, with the PDL attribute when `pdl`; the kernel must begin
+// with wait_prior_grid(). Returns the launch's error (or cudaGetLastError's).
 template <class... Params, class... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st, bool pdl,
                           const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -171,7 +159,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std:
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cudaLaunchAttribute attr[1];
-  if (pdl_enabled()) {
+  if (pdl) {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;

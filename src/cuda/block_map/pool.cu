@@ -5,10 +5,8 @@
 //           adds the unit's last chunk (folded into pass 1; or as its own launch);
 //   pass 2 (smooth_k): K pooling of the rows shifted by the mean, in reverse item order, so that
 //           it starts on the K rows pass 1 read last (still in L2).
-// So Q is read once and K twice (the smoothed rows' similarity needs the mean first). Opt-in
-// (SPARGE_BLOCKMAP_KPASS=cluster, sm_90, chosen by plan() in block_map.cu): cluster_kernel reads K
-// from DRAM once, a thread block cluster per (sequence, kv head) meeting at a cluster barrier
-// between its chunk sums and its pooling (re-reading its rows from L2), with the same bits.
+// So Q is read once and K twice (the smoothed rows' similarity needs the mean first). A single
+// DRAM read of K (thread block clusters, 2026-11-30) was slower and is deleted (docs).
 //
 // One warp per work item (a Q / K block or a K chunk): no shared memory and no block barriers, so
 // a warp's loads overlap the other warps' arithmetic. A row of D values is read by LANES =
@@ -79,25 +77,7 @@ struct PassArgs {
 // SHIFT: shift_row (this unit's D values of the K mean, in global or shared memory) is subtracted
 // from every row (the K rows of pass 2); without it the subtraction of zeros is left out (x - 0 is
 // x, -0 included: the same bits).
-// HINT (vector loads only; same bits): kPlain __ldg, kStream evict-first (ld.global.cs: rows read
-// for the last time), kKeep the L2 evict-last policy (K rows the cluster kernel reads again).
-enum : int { kPlain = 0, kStream = 1, kKeep = 2 };
-
-// 16 bytes through the read-only path with an L2 cache policy (createpolicy, sm_80 and later).
-__device__ __forceinline__ uint4 ldg_policy(const void* p, std::uint64_t policy) {
-  uint4 r;
-  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p), "l"(policy));
-  return r;
-}
-__device__ __forceinline__ std::uint64_t evict_last_policy() {
-  std::uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT, int HINT = kPlain>
+template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
                                           std::int64_t b, const float* shift_row = nullptr) {
   constexpr int kBatch = BATCH;  // shadows the file's default
@@ -119,8 +99,6 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     const Rows& x = sg.x;
     const std::uint16_t* row0 = x.data + seq.batch * x.stride[0] + begin * x.stride[1] + h * x.stride[2];
     const std::int64_t rstep = x.stride[1], cstep = x.stride[3];
-    std::uint64_t policy = 0;
-    if constexpr (HINT == kKeep) policy = evict_last_policy();
     const auto fetch = [&](uint4 (&raw)[kBatch], int s0) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
@@ -129,14 +107,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         if (col_ok && r < n) {
           const std::uint16_t* p = row0 + r * rstep;
           if constexpr (VEC) {
-            const auto* p16 = reinterpret_cast<const uint4*>(p + sub * 8);
-            if constexpr (HINT == kStream) {
-              raw[u] = __ldcs(p16);
-            } else if constexpr (HINT == kKeep) {
-              raw[u] = ldg_policy(p16, policy);
-            } else {
-              raw[u] = __ldg(p16);
-            }
+            raw[u] = __ldg(reinterpret_cast<const uint4*>(p + sub * 8));
           } else {
             std::uint16_t v[8];
 #pragma unroll
@@ -332,6 +303,8 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
+  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL=2 (pass 2): nothing is read before the K mean has finished
+  allow_dependents();  // the next launch's CTAs may become resident (they wait for this grid's end)
   const std::int64_t total = a.seg[0].count + a.seg[1].count;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -368,12 +341,9 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
 // ---- K mean: the chunk sums of one (sequence, kv head) in chunk order, / k_len ----------------
 // One CTA of kPoolThreads threads (all of them call it): thread tid = grp * D + d (tid < groups * D,
 // groups = kPoolThreads / D) adds the chunks grp, grp + groups, ... of dimension d in chunk order,
-// then thread d adds the groups' sums in group order to 0 and divides by k_len, into mean[d]
-// (global or shared memory). `part` is the unit's [nchunks, D] chunk sums; L2: read them through L2
-// (__ldcg; written in the same launch by other CTAs of the cluster). k_mean_kernel and the cluster
-// kernel both call this, so their means have the same bits. red: kPoolThreads floats of shared
-// memory. Ends with a barrier (red and mean may be used right after).
-template <bool L2>
+// then thread d adds the groups' sums in group order to 0 and divides by k_len, into mean[d].
+// `part` is the unit's [nchunks, D] chunk sums. red: kPoolThreads floats of shared memory. Ends
+// with a barrier (red and mean may be used right after).
 __device__ __forceinline__ void unit_k_mean(const Geometry& g, const float* part, std::int64_t nchunks,
                                             std::int64_t k_len, float* red, float* mean) {
   const int tid = static_cast<int>(threadIdx.x);
@@ -383,7 +353,7 @@ __device__ __forceinline__ void unit_k_mean(const Geometry& g, const float* part
   float acc = 0.0f;
   if (grp < groups) {
 #pragma unroll 8
-    for (std::int64_t c = grp; c < nchunks; c += groups) acc += L2 ? __ldcg(part + c * d_count + d) : part[c * d_count + d];
+    for (std::int64_t c = grp; c < nchunks; c += groups) acc += part[c * d_count + d];
   }
   red[tid] = acc;
   __syncthreads();
@@ -397,126 +367,12 @@ __device__ __forceinline__ void unit_k_mean(const Geometry& g, const float* part
 
 __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratch s) {
   __shared__ float red[kPoolThreads];
+  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL=2: nothing is read before pass 1 has finished
+  allow_dependents();
   for (std::int64_t w = blockIdx.x; w < g.nseq * g.hk; w += gridDim.x) {
     const Seq seq = sequence(g, w / g.hk);
-    unit_k_mean<false>(g, s.k_part + w * s.nchunks * g.d, s.nchunks, seq.k_len, red, s.k_mean + w * g.d);
+    unit_k_mean(g, s.k_part + w * s.nchunks * g.d, s.nchunks, seq.k_len, red, s.k_mean + w * g.d);
   }
-}
-
-// ---- smooth_k with one DRAM read of K: a thread block cluster per (sequence, kv head) ---------
-// (SPARGE_BLOCKMAP_KPASS=cluster, sm_90; chosen by plan() in block_map.cu, docs/block_map_gpu.md.)
-// Cluster u (CTAs [u * C, u * C + C) of the 1-D grid) owns unit u = (sequence, kv head); CTA r of
-// it owns the unit's K chunks [r * per, r * per + per) (per = ceil(nchunks / C)) and the K blocks
-// inside them (kKSumRows is a multiple of blkk, so a block never straddles two CTAs).
-//   phase 1: the CTA's warps compute its chunk sums (pool_item without pooling, the code of
-//            launch_k_chunk_sums: same bits) into s.k_part, reading K from DRAM (evict-last hint
-//            with hint 2); then every thread fences and arrives on the cluster barrier (release).
-//   Q items: with Q riding along (qpool.count > 0), the warps pool a share of the Q blocks
-//            (grid-stride over all CTAs of the grid) while the other CTAs finish phase 1.
-//   wait:    the cluster barrier (acquire): every chunk sum of the unit is written.
-//   mean:    unit_k_mean (k_mean_kernel's code, chunk sums read through L2) into shared memory.
-//   phase 3: the CTA pools its own K blocks shifted by the mean (pass 2's code: same bits),
-//            re-reading rows it read microseconds before (L2).
-// Nothing of one CTA's shared memory is read by another, so a CTA may exit whenever it is done.
-// Every CTA of a cluster is resident at once (the hardware's guarantee), so the barrier cannot
-// deadlock; every thread arrives and waits exactly once.
-struct ClusterArgs {
-  Geometry g;
-  Segment sums;   // K chunk sums: out = s.k_part, nblk = nchunks
-  Segment kpool;  // K pooling (shift from shared memory)
-  Segment qpool;  // Q pooling items taken by this launch (count 0: Q had its own pass)
-  int csize = 8;  // CTAs per cluster
-  int hint = 1;   // 0 plain loads; 1 evict-first for Q and the re-read of K; 2 also evict-last on K's first read
-  bool small = false;  // Q item indices fit in 32 bits
-};
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Every thread arrives once (release: its earlier writes, global ones included, are visible to
-// the cluster's threads after their wait) and waits once (acquire).
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-}
-#endif
-
-// MINB CTAs per SM at most by registers (2: ~128 registers, no spills; 3: 80 registers like the
-// base3 pass kernel, with phase 1 at 8 load steps per lane); dynamic shared memory, set by the
-// host, can cap it lower. H200 (2026-11-30, session 3 round 1b): the stage is latency-bound, and
-// 2 CTAs per SM ran 0.35-0.37 ms against 0.49-0.59 at 1.
-template <class T, int LANES, int MINB>
-__global__ void __launch_bounds__(kPoolThreads, MINB) cluster_kernel(const __grid_constant__ ClusterArgs a) {
-  constexpr int kSumBatch = MINB >= 3 ? kBatch : 16;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ float red[kPoolThreads];
-  __shared__ float mean[256];  // D <= 256
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  // Clusters [0, nclusters) of the grid take the units cl, cl + nclusters, ... (persistent grid,
-  // SPARGE_BLOCKMAP_CLUSTER_PERSIST=1; else one unit per cluster). The host launches at most
-  // `units` clusters, so every cluster has at least one.
-  const std::int64_t nclusters = gridDim.x / a.csize;
-  const std::int64_t cl = blockIdx.x / a.csize;
-  const std::int64_t rank = blockIdx.x % a.csize;  // the CTA's rank in its (1-D) cluster
-  const std::int64_t units = a.g.nseq * a.g.hk;
-  const std::int64_t my_units = (units - cl + nclusters - 1) / nclusters;
-  const std::int64_t nchunks = a.sums.nblk;
-  const std::int64_t per = (nchunks + a.csize - 1) / a.csize;
-  const std::int64_t c_begin = rank * per < nchunks ? rank * per : nchunks;
-  const std::int64_t c_end = c_begin + per < nchunks ? c_begin + per : nchunks;
-  const std::int64_t per_chunk = kKSumRows / a.kpool.blk;
-  const std::int64_t b_begin = c_begin * per_chunk;
-  const std::int64_t b_end = c_end * per_chunk < a.kpool.nblk ? c_end * per_chunk : a.kpool.nblk;
-  // The warp's Q items are q_first + m * q_stride (m = 0, 1, ...); iteration `it` takes those with
-  // m % my_units == it, so they spread over the cluster's units.
-  const std::int64_t qcount = a.qpool.count;
-  const std::int64_t q_first = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
-  const std::int64_t q_stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
-
-  for (std::int64_t it = 0; it < my_units; ++it) {
-    const std::int64_t unit = cl + it * nclusters;
-    const std::int64_t si = unit / a.g.hk, h = unit % a.g.hk;
-
-    // Phase 1: chunk sums (16 load steps in flight per lane with MINB 2: few warps per SM have a chunk).
-    for (std::int64_t c = c_begin + warp; c < c_end; c += kWarps) {
-      if (a.hint == 2) {
-        pool_item<T, LANES, false, true, kSumBatch, false, kKeep>(a.g, a.sums, si, h, c);
-      } else {
-        pool_item<T, LANES, false, true, kSumBatch, false, kPlain>(a.g, a.sums, si, h, c);
-      }
-    }
-    __threadfence();  // this thread's chunk sums, device-wide, before the arrival (release at cluster scope too)
-    cluster_arrive_release();
-
-    // Q blocks while the cluster's other CTAs finish phase 1.
-    for (std::int64_t m = it; q_first + m * q_stride < qcount; m += my_units) {
-      std::int64_t qs, qh, qb;
-      decode_item(a.qpool, q_first + m * q_stride, a.small, qs, qh, qb);
-      if (a.hint >= 1) {
-        pool_item<T, LANES, false, true, kBatch, false, kStream>(a.g, a.qpool, qs, qh, qb);
-      } else {
-        pool_item<T, LANES, false, true, kBatch, false, kPlain>(a.g, a.qpool, qs, qh, qb);
-      }
-    }
-
-    cluster_wait_acquire();
-    // red and mean are rewritten only after unit_k_mean's first barrier, which every thread
-    // reaches after its previous iteration's phase 3 (the last reader of mean).
-    const Seq seq = sequence(a.g, si);
-    unit_k_mean<true>(a.g, a.sums.out + unit * nchunks * a.g.d, nchunks, seq.k_len, red, mean);
-
-    // Phase 3: the CTA's K blocks, last to first (the rows read last are likeliest still in L2).
-    for (std::int64_t b = b_end - 1 - warp; b >= b_begin; b -= kWarps) {
-      if (a.hint >= 1) {
-        pool_item<T, LANES, false, true, kBatch, true, kStream>(a.g, a.kpool, si, h, b, mean);
-      } else {
-        pool_item<T, LANES, false, true, kBatch, true, kPlain>(a.g, a.kpool, si, h, b, mean);
-      }
-    }
-  }
-#else
-  __trap();  // the host launches it only on sm_90 and later (plan() in block_map.cu)
-#endif
 }
 
 // SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows, for timing
@@ -576,8 +432,9 @@ int pass_grid(Kernel kernel, int grid) {
   return grid < resident ? grid : resident;
 }
 
-// The 16-bit element type and the lanes per row, as template arguments.
-cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
+// The 16-bit element type and the lanes per row, as template arguments. pdl: a programmatic
+// dependent launch (the kernel waits for the grid before it in the stream; only after a kernel).
+cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st, bool pdl = false) {
   const std::int64_t items = a.seg[0].count + a.seg[1].count;
   if (items == 0) return cudaSuccess;
   a.small = items < (std::int64_t{1} << 31);
@@ -585,12 +442,15 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
   // Both segments read vector rows or the strided kernel runs (it is correct for any input).
   const bool vec = a.seg[0].x.vec && (a.seg[1].count == 0 || a.seg[1].x.vec);
   const PoolVariant variant = pool_variant();
+  cudaError_t err = cudaSuccess;
   const auto go = [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     const int grid = grid_for(items);
     const auto run = [&](auto type) {
       using T = decltype(type);
-      const auto go_kernel = [&](auto kernel) { kernel<<<pass_grid(kernel, grid), kPoolThreads, 0, st>>>(a); };
+      const auto go_kernel = [&](auto kernel) {
+        err = launch_kernel(kernel, dim3(pass_grid(kernel, grid)), dim3(kPoolThreads), 0, st, pdl, a);
+      };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, false, 2>);
       } else if (variant == PoolVariant::kPrefetch) {
@@ -610,7 +470,7 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
     } else {
       run(__half{});
     }
-    return cudaGetLastError();
+    return err;
   };
   if (cols <= 1) return go(std::integral_constant<int, 1>{});
   if (cols <= 2) return go(std::integral_constant<int, 2>{});
@@ -651,137 +511,18 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
   return sums;
 }
 
-// ---- the cluster kernel's host side ------------------------------------------------------------
-
-using ClusterKernel = void (*)(ClusterArgs);
-
-// Calls f with cluster_kernel<T, LANES, MINB> for the element type, the head dim and the
-// occupancy asked for (3 or more: the 3-CTA register budget; else 2).
-template <class F>
-cudaError_t with_cluster_kernel(bool bf16, std::int64_t d, int occupancy, F&& f) {
-  const auto go = [&](auto lanes) -> cudaError_t {
-    constexpr int L = decltype(lanes)::value;
-    if (occupancy >= 3) {
-      return bf16 ? f(ClusterKernel{cluster_kernel<__nv_bfloat16, L, 3>}) : f(ClusterKernel{cluster_kernel<__half, L, 3>});
-    }
-    return bf16 ? f(ClusterKernel{cluster_kernel<__nv_bfloat16, L, 2>}) : f(ClusterKernel{cluster_kernel<__half, L, 2>});
-  };
-  const std::int64_t cols = d / 8;
-  if (cols <= 1) return go(std::integral_constant<int, 1>{});
-  if (cols <= 2) return go(std::integral_constant<int, 2>{});
-  if (cols <= 4) return go(std::integral_constant<int, 4>{});
-  if (cols <= 8) return go(std::integral_constant<int, 8>{});
-  if (cols <= 16) return go(std::integral_constant<int, 16>{});
-  return go(std::integral_constant<int, 32>{});
-}
-
-// Dynamic shared memory (unused) that leaves room for only `occupancy` CTAs per SM: 1/(occ + 1) of
-// the SM's shared memory (occ + 1 such CTAs do not fit, occ do: the static 2 KB and the 1 KB
-// reserved per CTA are far below the margin). 0: no cap (registers decide, at most 2).
-cudaError_t cluster_pad_bytes(int occupancy, int& bytes) {
-  bytes = 0;
-  if (occupancy <= 0) return cudaSuccess;
-  int dev = 0, per_sm = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-  if (e == cudaSuccess) bytes = per_sm / (occupancy + 1) / 128 * 128;
-  return e;
-}
-
-// The launch configuration of `kernel` for `units` clusters of `size` CTAs (attrs: 1 element that
-// must outlive cfg), after the function attributes it needs.
-cudaError_t cluster_config(ClusterKernel kernel, std::int64_t units, int size, int occupancy, cudaStream_t st,
-                           cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr) {
-  int pad = 0;
-  cudaError_t e = cluster_pad_bytes(occupancy, pad);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, size > 8 ? 1 : 0);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pad);
-  if (e == cudaSuccess && pad > 0) e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  cfg = cudaLaunchConfig_t{};
-  cfg.gridDim = dim3(static_cast<unsigned>(units * size), 1, 1);
-  cfg.blockDim = dim3(kPoolThreads, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(pad);
-  cfg.stream = st;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(size);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return e;
-}
-
-cudaError_t launch_cluster_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, const ClusterPlan& cp,
-                                   const Scratch& s, const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim,
-                                   cudaStream_t st, const Marks& marks) {
-  ClusterArgs a;
-  a.g = g;
-  a.sums = k_sums_segment(g, k, s);
-  a.kpool = pool_segment(g, k, true, nullptr, s, maybe_k_sim);
-  a.csize = cp.size;
-  a.hint = cp.hint;
-  const Segment qseg = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
-  cudaError_t e = cudaSuccess;
-  if (cp.q_inside) {
-    a.qpool = qseg;
-  } else {
-    PassArgs p;
-    p.g = g;
-    p.seg[0] = qseg;
-    if ((e = launch_pass(bf16, p, st)) != cudaSuccess) return e;
-    marks("pool Q");
-  }
-  a.small = a.qpool.count < (std::int64_t{1} << 31);
-  const std::int64_t units = g.nseq * g.hk;
-  if (units > 0) {
-    e = with_cluster_kernel(bf16, g.d, cp.occupancy, [&](ClusterKernel kernel) {
-      cudaLaunchConfig_t cfg;
-      cudaLaunchAttribute attr[1];
-      // Persistent: as many clusters as fit at once (never more than units; a failed query: one per unit).
-      std::int64_t clusters = units;
-      if (cp.persist) {
-        cudaError_t err = cluster_config(kernel, 1, cp.size, cp.occupancy, st, cfg, attr);
-        int resident = 0;
-        if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg);
-        if (err != cudaSuccess) (void)cudaGetLastError();
-        if (err == cudaSuccess && resident > 0 && resident < units) clusters = resident;
-      }
-      cudaError_t err = cluster_config(kernel, clusters, cp.size, cp.occupancy, st, cfg, attr);
-      if (err == cudaSuccess) err = cudaLaunchKernelEx(&cfg, kernel, a);
-      return err != cudaSuccess ? err : cudaGetLastError();
-    });
-  }
-  marks(cp.q_inside ? "cluster Q + K" : "cluster K");
-  return e;
-}
-
 }  // namespace
 
-int cluster_resident(bool bf16, std::int64_t d, int size, int occupancy) {
-  int clusters = 0;
-  const cudaError_t e = with_cluster_kernel(bf16, d, occupancy, [&](ClusterKernel kernel) {
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr[1];
-    cudaError_t err = cluster_config(kernel, 1, size, occupancy, nullptr, cfg, attr);
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-    return err;
-  });
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return clusters;
-}
-
-bool pdl_enabled() {
+int pdl_mode() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_PDL");
-  if (v == nullptr || std::strcmp(v, "1") != 0) return false;
+  const int mode = v == nullptr ? 0 : (std::strcmp(v, "1") == 0 ? 1 : (std::strcmp(v, "2") == 0 ? 2 : 0));
+  if (mode == 0) return 0;
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return 0;
   }
-  return major >= 9;
+  return major >= 9 ? mode : 0;
 }
 
 const char* pool_variant_name() {
@@ -795,11 +536,11 @@ const char* pool_variant_name() {
   }
 }
 
-cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st) {
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st, bool pdl) {
   const std::int64_t work = g.nseq * g.hk;
   if (work == 0) return cudaSuccess;
-  k_mean_kernel<<<static_cast<int>(work < kMaxGrid ? work : kMaxGrid), kPoolThreads, 0, st>>>(g, s);
-  return cudaGetLastError();
+  return launch_kernel(k_mean_kernel, dim3(static_cast<unsigned>(work < kMaxGrid ? work : kMaxGrid)), dim3(kPoolThreads), 0,
+                       st, pdl, g, s);
 }
 
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st) {
@@ -817,10 +558,8 @@ cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is
   return launch_pass(bf16, a, st);
 }
 
-cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth,
-                           const ClusterPlan& cluster, const Scratch& s, const Out<float>& maybe_q_sim,
-                           const Out<float>& maybe_k_sim, cudaStream_t st, const Marks& marks) {
-  if (smooth && cluster.size > 0) return launch_cluster_pooling(g, q, k, bf16, cluster, s, maybe_q_sim, maybe_k_sim, st, marks);
+cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
+                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st, const Marks& marks) {
   PassArgs p1;
   p1.g = g;
   p1.seg[0] = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
@@ -841,12 +580,14 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     if (e != cudaSuccess) return e;
   }
   if (k_first()) std::swap(p1.seg[0], p1.seg[1]);
-  if ((e = launch_pass(bf16, p1, st)) != cudaSuccess) return e;
+  if ((e = launch_pass(bf16, p1, st)) != cudaSuccess) return e;  // never a dependent launch: memset / copies before it
+  // SPARGE_BLOCKMAP_PDL=2: the K mean and pass 2 are programmatic dependent launches too.
+  const bool pdl = pdl_mode() >= 2;
   if (fold) {
     marks("pool Q + K sums + K mean");
   } else {
     marks("pool Q + K sums");
-    if ((e = launch_k_mean(g, s, st)) != cudaSuccess) return e;
+    if ((e = launch_k_mean(g, s, st, pdl)) != cudaSuccess) return e;
     marks("K mean");
   }
 
@@ -854,7 +595,7 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
   p2.g = g;
   p2.seg[0] = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
-  e = launch_pass(bf16, p2, st);
+  e = launch_pass(bf16, p2, st, pdl);
   marks("pool K");
   return e;
 }

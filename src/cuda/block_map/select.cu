@@ -18,7 +18,8 @@
 // one warp per row (select_warp_kernel): lane l holds key blocks l, l + 32, ...; the rank of each
 // rankable key is the number of smaller keys (the same strict total order, by counting instead of
 // sorting), the cdf scan runs over the scores placed at their ranks, and the LUT row comes from
-// ballots. No block barriers, and 4 rows per 128-thread CTA.
+// ballots. No block barriers, and 4 rows per 128-thread CTA. The default (SPARGE_BLOCKMAP_SELECT)
+// is the bit search (select_by_search), not the counting.
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -98,6 +99,7 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
   extern __shared__ __align__(16) unsigned char smem[];
   typename T::Shared& sh = *reinterpret_cast<typename T::Shared*>(smem);
   wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the scores have finished
+  allow_dependents();
   const Geometry& g = a.g;
   const int tid = static_cast<int>(threadIdx.x);
   const std::int64_t total = g.nseq * g.hq * g.nq;
@@ -283,11 +285,18 @@ __device__ __forceinline__ float warp_sum(float v) {
 //          (each lane its IPT values in order, then warp_sum) with the blocks outside the prefix
 //          as zeros. Rounding to nearest is monotone, so G is monotone in the prefix and
 //          G(all) = z; the crossing block is the first whose prefix has G / z >= cdfthreshd.
+// RB bits of w per step (SPARGE_BLOCKMAP_SELECT=search / search2 / search4: 1, 2, 4): a step
+// evaluates the predicate at the 2^RB - 1 candidates prefix | t << b | (2^b - 1), t < 2^RB - 1,
+// independently (their warp reductions overlap), and the digit is the number of candidates that
+// fail it (the predicate is monotone in t, so that is the first t that passes). 32 / RB dependent
+// steps instead of 32; the crossing w is the same smallest w for every RB (same bits).
 // Returns, in keep, the selected blocks (or-ed into the forced ones).
-template <int IPT>
+template <int IPT, int RB>
 __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], const float (&sc)[IPT], int lane,
                                                  int r, int nv, bool use_topk, float value, bool (&keep)[IPT]) {
+  static_assert(RB == 1 || RB == 2 || RB == 4, "32 / RB steps");
   constexpr int kIdxBits = log2_exact(32 * IPT);
+  constexpr int kCand = (1 << RB) - 1;  // candidates per step
   std::uint32_t cross_w = 0;  // the w of the last kept block
   int cross_kb = 0;           // among blocks with w == cross_w, the kept ones have kb <= cross_kb
   if (use_topk) {
@@ -298,15 +307,23 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
       for (int i = 0; i < IPT; ++i) keep[i] = keep[i] || w[i] != ~0u;
       return;
     }
-    // The n-th smallest w: bit b of it is 0 iff at least n blocks have w <= prefix | (2^b - 1).
+    // The n-th smallest w: digit t at bits [b, b + RB) is the number of candidates t' < 2^RB - 1
+    // with fewer than n blocks at w <= prefix | t' << b | (2^b - 1) (RB = 1: bit b is 0 iff at
+    // least n blocks have w <= prefix | (2^b - 1)).
     std::uint32_t prefix = 0;
 #pragma unroll 1
-    for (int b = 31; b >= 0; --b) {
-      const std::uint32_t x = prefix | ((1u << b) - 1u);
-      unsigned c = 0;
+    for (int b = 32 - RB; b >= 0; b -= RB) {
+      const std::uint32_t low = (1u << b) - 1u;
+      std::uint32_t digit = 0;
 #pragma unroll
-      for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
-      if (static_cast<int>(__reduce_add_sync(0xffffffffu, c)) < n) prefix |= 1u << b;
+      for (int t = 0; t < kCand; ++t) {
+        const std::uint32_t x = prefix | (static_cast<std::uint32_t>(t) << b) | low;
+        unsigned c = 0;
+#pragma unroll
+        for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
+        digit += static_cast<int>(__reduce_add_sync(0xffffffffu, c)) < n ? 1u : 0u;
+      }
+      prefix |= digit << b;
     }
     cross_w = prefix;
     unsigned below = 0;
@@ -346,12 +363,18 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
       return warp_sum(acc);
     };
     const float z = mass([&](int i) { return w[i] != ~0u; });
-    // The smallest w whose prefix (every block with w' <= w) reaches the mass.
+    // The smallest w whose prefix (every block with w' <= w) reaches the mass, RB bits a step.
     std::uint32_t prefix = 0;
 #pragma unroll 1
-    for (int b = 31; b >= 0; --b) {
-      const std::uint32_t x = prefix | ((1u << b) - 1u);
-      if (!(mass([&](int i) { return w[i] <= x; }) / z >= value)) prefix |= 1u << b;
+    for (int b = 32 - RB; b >= 0; b -= RB) {
+      const std::uint32_t low = (1u << b) - 1u;
+      std::uint32_t digit = 0;
+#pragma unroll
+      for (int t = 0; t < kCand; ++t) {
+        const std::uint32_t x = prefix | (static_cast<std::uint32_t>(t) << b) | low;
+        digit += !(mass([&](int i) { return w[i] <= x; }) / z >= value) ? 1u : 0u;
+      }
+      prefix |= digit << b;
     }
     cross_w = prefix;
     if (cross_w == ~0u) {
@@ -383,9 +406,8 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
 }
 
 // One row by bit search, the whole of steps 1-4 for a warp: raw[i] is the score of key block
-// kb = lane + 32 i (read only for kb < nv). Shared by select_warp_kernel (scores from memory) and
-// score_select_kernel (scores computed in registers), so both give the same bits.
-template <int IPT>
+// kb = lane + 32 i (read only for kb < nv).
+template <int IPT, int RB>
 __device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int64_t si, std::int64_t h,
                                                   std::int64_t qb, const Seq& seq, const float (&raw)[IPT], int lane) {
   const Geometry& g = a.g;
@@ -420,7 +442,7 @@ __device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int6
     }
   }
   if (!forced_row && rankable > 0) {  // uniform over the warp
-    select_by_search<IPT>(wk, sc, lane, rankable, nv, a.rule.use_topk, a.rule.value[h], keep);
+    select_by_search<IPT, RB>(wk, sc, lane, rankable, nv, a.rule.use_topk, a.rule.value[h], keep);
   }
   // The LUT row: kept blocks ascending (ballots in block order), then -1.
   const Out<std::int32_t>& lut = a.lut;
@@ -437,141 +459,21 @@ __device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int6
   if (lane == 0) a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
 }
 
-// ---- pooled scores and selection in one kernel, rows of at most 32 * IPT key blocks --------------
-// A CTA of kSsWarps warps takes kSsWarps * ROWS consecutive query blocks of one (sequence, query
-// head); warp w computes the scores of its ROWS rows in registers (lane l: key blocks l + 32 i) and
-// then selects each row with finish_row_search. The scores never go through memory.
-// The pooled K of the kv head (all key blocks, kDc head-dim columns at a time) and the tile's pooled
-// Q rows are staged in shared memory; every score is the fmaf chain over d = 0 .. D-1 in order
-// followed by * scale, as in scores.cu (same bits, so exact ties stay exact and the two paths agree).
-constexpr int kSsWarps = 8;
-constexpr int kDc = 32;  // head-dim columns per staging step (D is a multiple of 8)
-
-template <int IPT, int ROWS>
-struct SsShared {
-  // pq[r][c]: read as broadcast float4 (rows of 128 bytes). pk[c][kb]: pitch 32 * IPT + 1, so the
-  // staging stores (8 lanes per key block, 4 key blocks per warp) and the reads (32 consecutive
-  // key blocks) are both free of bank conflicts.
-  __align__(16) float pq[kSsWarps * ROWS][kDc];
-  float pk[kDc][32 * IPT + 1];
-};
-
-template <int IPT, int ROWS, int MINB>
-__global__ void __launch_bounds__(kSsWarps * 32, MINB) score_select_kernel(const __grid_constant__ SelectArgs a,
-                                                                            float scale) {
-  constexpr int kQt = kSsWarps * ROWS;  // query blocks per CTA
-  constexpr int kNk = 32 * IPT;         // key-block capacity of a row
-  constexpr int kThreads = kSsWarps * 32;
-  constexpr int kGran = kDc / 4;        // float4 granules per staged row
-  static_assert(ROWS % 4 == 0, "the Q staging takes ROWS / 4 float4 per thread");
-  __shared__ SsShared<IPT, ROWS> sh;
-  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the pooling has finished
-  const Geometry& g = a.g;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, wid = tid / 32;
-  const std::int64_t tiles = (g.nq + kQt - 1) / kQt;
-  const std::int64_t total = g.nseq * g.hq * tiles;
-  const std::int64_t group = g.hq / g.hk;
-  const int d_count = static_cast<int>(g.d);
-  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
-    const std::int64_t tq = w % tiles, h = (w / tiles) % g.hq, si = w / (tiles * g.hq);
-    const std::int64_t qb0 = tq * kQt;
-    const Seq seq = sequence(g, si);
-    // Visibility grows with the query block; a tile no row of which sees a key block needs no
-    // scores (its rows come out empty). Uniform over the CTA.
-    const std::int64_t nq_seq = (seq.q_len + g.blkq - 1) / g.blkq;
-    const std::int64_t qb_hi = (qb0 + kQt < nq_seq ? qb0 + kQt : nq_seq) - 1;
-    const bool any = qb_hi >= qb0 && visible_blocks(g, seq, qb_hi) > 0;
-
-    float acc[ROWS][IPT];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int i = 0; i < IPT; ++i) acc[r][i] = 0.0f;
-    }
-    if (any) {
-      const float* pq = a.s.pq + (si * g.hq + h) * g.nq * g.d;
-      const float* pk = a.s.pk + (si * g.hk + h / group) * g.nk * g.d;
-      for (int d0 = 0; d0 < d_count; d0 += kDc) {
-        const int dc = d_count - d0 < kDc ? d_count - d0 : kDc;  // a multiple of 8
-        __syncthreads();  // the previous step's (or work item's) readers are done
-        // The loads of the step in groups of 4 float4 per thread (IPT + ROWS / 4 in all), each
-        // group's loads before its stores; small groups keep the register tile free of spills.
-        constexpr int kPkIter = kNk * kGran / kThreads, kPqIter = kQt * kGran / kThreads;
-        static_assert(kPkIter % 4 == 0, "pk staging in groups of 4");
-#pragma unroll
-        for (int j0 = 0; j0 < kPkIter; j0 += 4) {
-          float4 vk[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int idx = tid + (j0 + j) * kThreads, kb = idx / kGran, c4 = (idx % kGran) * 4;
-            vk[j] = kb < g.nk && c4 < dc ? *reinterpret_cast<const float4*>(pk + kb * g.d + d0 + c4) : zero;
-          }
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int idx = tid + (j0 + j) * kThreads, kb = idx / kGran, c4 = (idx % kGran) * 4;
-            sh.pk[c4 + 0][kb] = vk[j].x;
-            sh.pk[c4 + 1][kb] = vk[j].y;
-            sh.pk[c4 + 2][kb] = vk[j].z;
-            sh.pk[c4 + 3][kb] = vk[j].w;
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kPqIter; ++j) {
-          const int idx = tid + j * kThreads, r = idx / kGran, c4 = (idx % kGran) * 4;
-          const std::int64_t qb = qb0 + r;
-          *reinterpret_cast<float4*>(&sh.pq[r][c4]) =
-              qb < g.nq && c4 < dc ? *reinterpret_cast<const float4*>(pq + qb * g.d + d0 + c4) : zero;
-        }
-        __syncthreads();
-        for (int c = 0; c < dc; c += 4) {
-          float4 q4[ROWS];
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) q4[r] = *reinterpret_cast<const float4*>(&sh.pq[wid * ROWS + r][c]);
-#pragma unroll
-          for (int cc = 0; cc < 4; ++cc) {
-            float b[IPT];
-#pragma unroll
-            for (int i = 0; i < IPT; ++i) b[i] = sh.pk[c + cc][lane + 32 * i];
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-              const float qv = cc == 0 ? q4[r].x : (cc == 1 ? q4[r].y : (cc == 2 ? q4[r].z : q4[r].w));
-#pragma unroll
-              for (int i = 0; i < IPT; ++i) acc[r][i] = fmaf(qv, b[i], acc[r][i]);
-            }
-          }
-        }
-      }
-    }
-    // One row at a time (not unrolled: the selection is long); row r's scores are picked out of
-    // the register tile by predicated moves.
-#pragma unroll 1
-    for (int r = 0; r < ROWS; ++r) {
-      const std::int64_t qb = qb0 + wid * ROWS + r;
-      if (qb >= g.nq) break;  // uniform over the warp
-      float raw[IPT];
-#pragma unroll
-      for (int i = 0; i < IPT; ++i) {
-        float v = acc[0][i];
-#pragma unroll
-        for (int rr = 1; rr < ROWS; ++rr) v = rr == r ? acc[rr][i] : v;
-        raw[i] = v * scale;
-      }
-      finish_row_search<IPT>(a, si, h, qb, seq, raw, lane);
-    }
-  }
-}
-
 // kind: kCount = ranks by counting smaller keys (O(NK^2 / 32) per warp); kSearch = the bit search
-// above (O(32 NK / 32) per warp). Both select the same blocks for top-k; for cdf they add the
-// probabilities in different fp32 orders (both within rounding of the CPU's fp64).
+// above (O(32 NK / 32) per warp), RB bits a step. Both select the same blocks for top-k; for cdf
+// they add the probabilities in different fp32 orders (both within rounding of the CPU's fp64).
 enum class WarpKind { kCount, kSearch };
 
-template <int IPT, WarpKind KIND>
-__global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __grid_constant__ SelectArgs a) {
+// MINB: CTAs per SM the registers are capped for (SPARGE_BLOCKMAP_SELECT_OCC). 0 (default): no
+// cap, 56-64 registers (sm_90a), 8-9 CTAs of 4 warps per SM, so 8192 rows (2048 CTAs) take ~1.8
+// waves on 132 SMs; 12: 40 registers with ~75-140 bytes of spills, 12 CTAs per SM, ~1.3 waves and
+// more warps to hide the search's latency. (16, 32 registers, spills 224-254 bytes: not offered.)
+template <int IPT, WarpKind KIND, int RB = 1, int MINB = 0>
+__global__ void __launch_bounds__(32 * kRowWarps, MINB) select_warp_kernel(const __grid_constant__ SelectArgs a) {
   constexpr std::uint64_t kNone = ~std::uint64_t{0};
   __shared__ WarpShared<KIND == WarpKind::kCount ? IPT : 1> sh;
   wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the scores have finished
+  allow_dependents();
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
   std::uint64_t* keys = sh.key[wid];
@@ -590,7 +492,7 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __gri
       float raw[IPT];
 #pragma unroll
       for (int i = 0; i < IPT; ++i) raw[i] = lane + 32 * i < nv ? scores[lane + 32 * i] : 0.0f;
-      finish_row_search<IPT>(a, si, h, qb, seq, raw, lane);
+      finish_row_search<IPT, RB>(a, si, h, qb, seq, raw, lane);
     } else {
       const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
       const bool forced_row = has_threshold && nv > 0 && !(a.s.q_sim[row] > threshold);
@@ -705,48 +607,45 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __gri
   }
 }
 
-template <int IPT>
-cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
-  const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
-  if (rows == 0) return cudaSuccess;
-  const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
-  const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
-  if (kind == WarpKind::kCount) {
-    return launch_kernel(select_warp_kernel<IPT, WarpKind::kCount>, dim3(grid), dim3(32 * kRowWarps), 0, st, a);
-  }
-  return launch_kernel(select_warp_kernel<IPT, WarpKind::kSearch>, dim3(grid), dim3(32 * kRowWarps), 0, st, a);
-}
-
-// SPARGE_BLOCKMAP_SCORESEL (read per call) for rows of at most 256 key blocks: `0` (default) runs
-// the scores (scores.cu) and the selection as two launches through memory; `4` or `8` rows per
-// warp of the fused score_select_kernel (32 or 64 query blocks per CTA; 8 x 8 scores per lane
-// spill a little). Same bits every way. H200, 2026-11-30 (b2 h32 s16384 d128, scores + select, ms):
-// 64x64 0.099 (two launches) vs 0.119 (4) / 0.112 (8); 128x64 0.065 vs 0.063 / 0.092; 64x128
-// 0.070 vs 0.074 / 0.066: the fused kernel does not win where it matters, so it is opt-in.
-int score_select_rows() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_SCORESEL");
-  if (v != nullptr && std::strcmp(v, "4") == 0) return 4;
-  if (v != nullptr && std::strcmp(v, "8") == 0) return 8;
-  return 0;
-}
-
-template <int IPT, int ROWS>
-cudaError_t launch_ss(const SelectArgs& a, float scale, cudaStream_t st) {
-  constexpr int kQt = kSsWarps * ROWS;
-  const std::int64_t ctas = a.g.nseq * a.g.hq * ((a.g.nq + kQt - 1) / kQt);
-  if (ctas == 0) return cudaSuccess;
-  const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
-  return launch_kernel(score_select_kernel<IPT, ROWS, 2>, dim3(grid), dim3(kSsWarps * 32), 0, st, a, scale);
-}
-
-// SPARGE_BLOCKMAP_SELECT=count (read per call) picks the previous selections, for timing
-// comparisons: counting ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
-// The default is the bit search.
+// SPARGE_BLOCKMAP_SELECT (read per call): `search` (default) the bit search one bit a step;
+// `search2` / `search4` 2 / 4 bits a step in the warp kernel (rows of at most 256 key blocks; the
+// CTA kernel keeps one bit); `count` the previous selections, for timing comparisons: counting
+// ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
 WarpKind warp_kind() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
   return v != nullptr && std::strcmp(v, "count") == 0 ? WarpKind::kCount : WarpKind::kSearch;
 }
+int select_occupancy() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT_OCC");
+  return v != nullptr && std::strcmp(v, "12") == 0 ? 12 : 0;
+}
+int search_bits() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
+  if (v != nullptr && std::strcmp(v, "search2") == 0) return 2;
+  if (v != nullptr && std::strcmp(v, "search4") == 0) return 4;
+  return 1;
+}
 bool cta_search() { return warp_kind() == WarpKind::kSearch; }
+
+template <int IPT>
+cudaError_t launch_warp(const SelectArgs& a, cudaStream_t st) {
+  const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
+  if (rows == 0) return cudaSuccess;
+  const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
+  const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
+  const bool pdl = pdl_mode() >= 1;
+  const auto go = [&](auto kernel) { return launch_kernel(kernel, dim3(grid), dim3(32 * kRowWarps), 0, st, pdl, a); };
+  if (warp_kind() == WarpKind::kCount) return go(select_warp_kernel<IPT, WarpKind::kCount>);
+  const int bits = search_bits();
+  if (select_occupancy() == 12) {
+    if (bits == 2) return go(select_warp_kernel<IPT, WarpKind::kSearch, 2, 12>);
+    if (bits == 4) return go(select_warp_kernel<IPT, WarpKind::kSearch, 4, 12>);
+    return go(select_warp_kernel<IPT, WarpKind::kSearch, 1, 12>);
+  }
+  if (bits == 2) return go(select_warp_kernel<IPT, WarpKind::kSearch, 2>);
+  if (bits == 4) return go(select_warp_kernel<IPT, WarpKind::kSearch, 4>);
+  return go(select_warp_kernel<IPT, WarpKind::kSearch, 1>);
+}
 
 template <int NT, int IPT>
 std::size_t smem_bytes() {
@@ -764,7 +663,7 @@ cudaError_t launch(const SelectArgs& a, cudaStream_t st) {
     if (e != cudaSuccess) return e;
   }
   const int grid = static_cast<int>(rows < kMaxGrid ? rows : kMaxGrid);
-  return launch_kernel(select_kernel<NT, IPT>, dim3(grid), dim3(NT), bytes, st, a, cta_search());
+  return launch_kernel(select_kernel<NT, IPT>, dim3(grid), dim3(NT), bytes, st, pdl_mode() >= 1, a, cta_search());
 }
 
 }  // namespace
@@ -781,33 +680,21 @@ std::size_t select_smem_bytes(std::int64_t nk) {
   return 0;
 }
 
-bool score_select_fused(const Geometry& g) { return g.nk <= 256 && score_select_rows() != 0; }
-
-const char* score_select_variant(const Geometry& g) {
-  if (!score_select_fused(g)) return "separate";
-  // rows per warp x key blocks per lane
-  return score_select_rows() == 4 ? (g.nk <= 128 ? "fused 4x4" : "fused 4x8") : (g.nk <= 128 ? "fused 8x4" : "fused 8x8");
-}
-
-cudaError_t launch_score_select(const Geometry& g, float scale, const SelectRule& rule, const Scratch& s,
-                                const Out<std::int32_t>& lut, const Out<std::int32_t>& counts,
-                                const Out<float>& maybe_scores, cudaStream_t st) {
-  const SelectArgs a{g, rule, s, lut, counts, maybe_scores};
-  const bool four = score_select_rows() == 4;
-  if (g.nk <= 128) return four ? launch_ss<4, 4>(a, scale, st) : launch_ss<4, 8>(a, scale, st);
-  return four ? launch_ss<8, 4>(a, scale, st) : launch_ss<8, 8>(a, scale, st);
-}
-
 const char* select_variant(std::int64_t nk) {
-  if (nk <= 256) return warp_kind() == WarpKind::kCount ? "warp-count" : "warp-search";
+  if (nk <= 256) {
+    if (warp_kind() == WarpKind::kCount) return "warp-count";
+    const int bits = search_bits();
+    if (select_occupancy() == 12) return bits == 4 ? "warp-search4 occ12" : (bits == 2 ? "warp-search2 occ12" : "warp-search occ12");
+    return bits == 4 ? "warp-search4" : (bits == 2 ? "warp-search2" : "warp-search");
+  }
   return cta_search() ? "cta-search (top-k; cdf sorts)" : "cta-sort";
 }
 
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st) {
   const SelectArgs a{g, rule, s, lut, counts, maybe_scores};
-  if (g.nk <= 128) return launch_warp<4>(a, warp_kind(), st);
-  if (g.nk <= 256) return launch_warp<8>(a, warp_kind(), st);
+  if (g.nk <= 128) return launch_warp<4>(a, st);
+  if (g.nk <= 256) return launch_warp<8>(a, st);
   if (g.nk <= 1024) return launch<256, 4>(a, st);
   if (g.nk <= 2048) return launch<256, 8>(a, st);
   if (g.nk <= 4096) return launch<512, 8>(a, st);
