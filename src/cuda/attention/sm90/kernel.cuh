@@ -183,14 +183,19 @@ struct Smem {
   // Q may be overwritten (the next tile of a persistent CTA): every consumer warp arrives once all
   // QK^T of its tile have completed.
   __device__ __forceinline__ std::uint64_t* q_empty() const { return bars() + 1 + 4 * Tr::kStages; }
-  // pv_threshold vote ring (BLKQ 128): kVoteRing tagged words per consumer warpgroup, after the
-  // barriers (within kSmemSlack, asserted in Traits' users below).
-  __device__ __forceinline__ std::uint32_t vote_slot(int wg, std::uint32_t seq) const {
-    return smem_addr(bars() + 2 + 4 * Tr::kStages) + 4u * (static_cast<std::uint32_t>(wg) * kVoteRing + seq % kVoteRing);
-  }
+  // pv_threshold vote ring (BLKQ 128): kVoteRing tagged words per consumer warp (8 warps), after the
+  // barriers (within kSmemSlack, asserted below).
+  static constexpr int kVoteWarps = Tr::kConsumers == 2 ? 8 : 0;  // BLKQ 64 votes through a barrier
   static constexpr std::uint32_t kVoteRing = 8;  // >= stages + 1 (docs/attention_sm90.md: why it is never overrun)
+  // The first word of warp w's ring (w = 4 * consumer warpgroup + warp); slot seq is 4 * (seq % kVoteRing) further.
+  __device__ __forceinline__ std::uint32_t vote_row(int w) const {
+    return smem_addr(bars() + 2 + 4 * Tr::kStages) + 4u * kVoteRing * static_cast<std::uint32_t>(w);
+  }
+  static __device__ __forceinline__ std::uint32_t vote_slot(std::uint32_t row, std::uint32_t seq) {
+    return row + 4u * (seq % kVoteRing);
+  }
   static_assert(kVoteRing >= Tr::kStages + 1, "the vote ring must outlast the K/V stage ring");
-  static_assert(1024 + 8 * (2 + 4 * Tr::kStages) + 4 * kVoteRing * Tr::kConsumers <= kSmemSlack,
+  static_assert(1024 + 8 * (2 + 4 * Tr::kStages) + 4 * kVoteRing * kVoteWarps <= kSmemSlack,
                 "barriers and vote ring exceed the shared-memory slack");
 };
 
@@ -331,16 +336,16 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
 }
 
 // Named barrier ids: 0 is __syncthreads, 1 the legacy pv_threshold vote (all consumer threads),
-// 2 + w warpgroup w's pingpong turn, 4 + w warpgroup w's own pv_threshold vote.
+// 2 + w warpgroup w's pingpong turn, 4 the pv_threshold vote of BLKQ 64 (its one consumer warpgroup).
 constexpr int kVoteBarrier = 1;
 constexpr int kTurnBarrier = 2;
 constexpr int kOwnVoteBarrier = 4;
 
-// pv_threshold modes of the mainloop: off; per warpgroup (each warpgroup reduces its own rows and
-// publishes a tagged word; a warpgroup reads the other's word only when its own rows all say
+// pv_threshold modes of the mainloop: off; per warp (each consumer warp votes on its own 16 rows
+// and publishes a tagged word; a warp reads the other warps' words only when its own rows all say
 // "skip"); legacy (kVariantLegacyPv: one bar.red.and of all consumer threads per tile, unpaired).
 constexpr int kVoteOff = 0;
-constexpr int kVoteWarpgroup = 1;
+constexpr int kVoteWarp = 1;
 constexpr int kVoteLegacy = 2;
 // A vote word: the tile's sequence number (30 bits, the CTA's count of key tiles so far) above
 // the two skip bits (bit 0: the tile's first LUT block, bit 1: its second, paired tiles only).
@@ -361,10 +366,10 @@ struct Consumer {
   const Tile& t;
   int cw, warp, lane;
   int row_in_seq[2], key_limit[2];
-  bool row_real[2];
-  float pv_thr;
+  float pv_thr[2];  // the head's pv_threshold for a row of the sequence, -inf (always passes) for one past it
   int mask_from;  // key blocks kb >= mask_from need the token mask (softmax_step)
   std::uint32_t q_tile;
+  std::uint32_t my_votes;  // this warp's pv_threshold vote ring (Smem::vote_row)
 
   float o[Tr::kDTiles][4];
   float s[Tr::kKTiles][4];
@@ -383,9 +388,10 @@ struct Consumer {
       const long long causal_bound = static_cast<long long>(row_in_seq[r]) + t.sk - t.sq;
       key_limit[r] = p.is_causal && causal_bound < t.sk - 1 ? static_cast<int>(causal_bound < -1 ? -1 : causal_bound)
                                                             : t.sk - 1;
-      row_real[r] = row_in_seq[r] < t.sq;
     }
-    pv_thr = p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[t.h] : p.pv_threshold;
+    const float thr = p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[t.h] : p.pv_threshold;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) pv_thr[r] = row_in_seq[r] < t.sq ? thr : -INFINITY;
     // A LUT block kb (keys kb * n .. kb * n + n - 1, n = kBlockK) crosses sk when kb * n + n > sk,
     // i.e. kb >= sk / n; it crosses the causal diagonal of this warpgroup's first row
     // (bound = wg_row0 + sk - sq) when kb * n + n - 1 > bound, i.e. kb * n > x = bound - n + 1:
@@ -402,6 +408,7 @@ struct Consumer {
       mask_from = static_cast<int>(from);
     }
     q_tile = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
+    my_votes = sm.vote_row(cw * 4 + warp);
 #pragma unroll
     for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     m[0] = m[1] = -INFINITY;
@@ -473,18 +480,15 @@ struct Consumer {
         issue_pv_steps<0, kHalf>(st);
       }
     } else if constexpr (Tr::kPair) {
-      if (half) {
-        if ((skip & 1) == 0) {
-          issue_pv_steps<0, kHalf>(st);
-        } else {
-          wgmma_commit();
-        }
-      } else if (skip == 0) {
+      // A half tile's missing second block is left out as a skipped one is (bit 1). Tested in this
+      // order, the common case (nothing left out) is one uniform compare and branch, no jump table.
+      const int out = skip | (half ? 2 : 0);
+      if (out == 0) {
         issue_pv_steps<0, kAll>(st);
-      } else if (skip == 1) {
-        issue_pv_steps<kHalf, kAll>(st);
-      } else if (skip == 2) {
+      } else if (out == 2) {
         issue_pv_steps<0, kHalf>(st);
+      } else if (out == 1) {
+        issue_pv_steps<kHalf, kAll>(st);
       } else {
         wgmma_commit();
       }
@@ -521,54 +525,78 @@ struct Consumer {
   }
 
   // Max of row r's raw scores over score tiles [j0, j1) of this thread, in two chains (half the
-  // dependent FMNMX latency).
+  // dependent FMNMX latency), each started from its first pair (not from -inf: one FMNMX less per
+  // chain; the same max for every non-NaN score).
   template <int j0, int j1>
   __device__ __forceinline__ float raw_max(int r) const {
-    float x0 = -INFINITY, x1 = -INFINITY;
+    static_assert(j1 - j0 >= 2 && (j1 - j0) % 2 == 0, "two chains of score tiles");
+    float x0 = fmaxf(s[j0][2 * r], s[j0][2 * r + 1]);
+    float x1 = fmaxf(s[j0 + 1][2 * r], s[j0 + 1][2 * r + 1]);
 #pragma unroll
-    for (int j = j0; j < j1; j += 2) {
+    for (int j = j0 + 2; j < j1; j += 2) {
       x0 = fmaxf(x0, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
       x1 = fmaxf(x1, fmaxf(s[j + 1][2 * r], s[j + 1][2 * r + 1]));
     }
     return fmaxf(x0, x1);
   }
 
-  // This warpgroup's pv_threshold vote (kVoteWarpgroup): ok0 / ok1 say whether this thread's rows
-  // allow skipping the tile's first / second LUT block. Per warp __all_sync; over the warpgroup's
-  // four warps one barrier.red.popc on the warpgroup's own named barrier, with lane 0 contributing
-  // the first bit and lanes 1..8 the second: popc = n0 + 8 * n1 (n0, n1 <= 4 warps agreeing).
-  // BLKQ 128: the result is published as a tagged word in this warpgroup's ring slot for seq.
-  __device__ __forceinline__ int own_vote(bool ok0, bool ok1, std::uint32_t seq) const {
-    const bool a0 = __all_sync(0xffffffffu, ok0);
-    const bool a1 = __all_sync(0xffffffffu, ok1);
-    const bool pred = lane == 0 ? a0 : (lane <= 8 ? a1 : false);
-    const std::uint32_t n = named_barrier_popc(kOwnVoteBarrier + cw, 128, pred);
-    const int bits = uniform(((n & 7u) == 4u ? 1 : 0) | ((n >> 3) == 4u ? 2 : 0));
-    if constexpr (Tr::kConsumers == 2) {
-      if (warp == 0 && lane == 0) shared_store_atomic(sm.vote_slot(cw, seq), vote_word(seq, bits));
+  // This warp's pv_threshold vote (kVoteWarp): ok0 / ok1 say whether this thread's rows allow
+  // skipping the tile's first / second LUT block; bit b of the result says whether all 16 rows of
+  // the warp do (__all_sync). Lane 0 publishes it as a tagged word in the warp's ring slot for seq
+  // (one shared-memory atomic, no barrier: no warp waits here).
+  // BLKQ 64 (one consumer warpgroup = the query block): the 4 warps' votes meet in one
+  // barrier.red.popc on named barrier 4 (lane 0 contributes the first bit, lanes 1..8 the second:
+  // popc = n0 + 8 * n1), whose result is the answer (decide() returns it). Reading the other warps'
+  // words there instead made ptxas serialize the kernel's wgmmas (C7520): without a pingpong
+  // barrier before the PV issue it does not see the spin's result as uniform.
+  __device__ __forceinline__ int warp_vote(bool ok0, bool ok1, std::uint32_t seq) const {
+    if constexpr (Tr::kConsumers == 1) {
+      const bool a0 = __all_sync(0xffffffffu, ok0);
+      const bool a1 = Tr::kPair && __all_sync(0xffffffffu, ok1);
+      const bool pred = lane == 0 ? a0 : (lane <= 8 ? a1 : false);
+      const std::uint32_t n = named_barrier_popc(kOwnVoteBarrier, 128, pred);
+      (void)seq;
+      return uniform(((n & 7u) == 4u ? 1 : 0) | ((n >> 3) == 4u ? 2 : 0));
     }
+    int bits = __all_sync(0xffffffffu, ok0) ? 1 : 0;
+    if constexpr (Tr::kPair) bits |= __all_sync(0xffffffffu, ok1) ? 2 : 0;
+    bits = uniform(bits);
+    if (lane == 0) shared_store_atomic(Smem<Tr>::vote_slot(my_votes, seq), vote_word(seq, bits));
     return bits;
   }
-  // The query block's decision for the tile of sequence number seq, given this warpgroup's own
-  // bits: a block is skipped only when every row of the query block allows it. BLKQ 64 (one
-  // consumer warpgroup) and legacy mode: own is already the answer. Own bits 0: the answer is 0
-  // without asking. Otherwise spin (uniformly: lane 0's load broadcast) on the other warpgroup's
-  // word until it carries seq's tag. Called outside any turn with no wgmma in flight; the other
-  // warpgroup reaches its vote for seq without anything more from this one (docs/attention_sm90.md).
+  // The query block's decision for the tile of sequence number seq, given this warp's own bits: a
+  // block is skipped only when every row of the query block allows it, i.e. when every consumer
+  // warp's bit is set. Own bits 0 (the common case): the answer is 0 without reading anything (a
+  // uniform branch). Otherwise lane i < 8 reads the word of consumer warp i (its own included:
+  // lane 0 of this warp wrote it; all at once), until every word carries seq's tag (the answer is
+  // the AND of all bits) or the bits of the words already there make the AND 0. Every warp of the
+  // CTA reaches the same answer (the AND of the same words, or 0 when its own bits already make it
+  // 0), so the 4 warps of a warpgroup issue the same PV. Called outside any turn with no wgmma in
+  // flight; every other warp publishes seq without anything more from this one
+  // (docs/attention_sm90.md). Legacy mode and BLKQ 64: own is already the query block's bits.
   template <int kVote>
   __device__ __forceinline__ int decide(int own, std::uint32_t seq) const {
-    if constexpr (kVote != kVoteWarpgroup || Tr::kConsumers == 1) {
+    if constexpr (kVote != kVoteWarp || Tr::kConsumers == 1) {
       return own;
     } else {
       if (own == 0) return 0;
-      if ((P.variant & kVariantTestOwnVote) != 0) return own;  // the mutation hook (wrong on purpose)
-      const std::uint32_t addr = sm.vote_slot(cw ^ 1, seq);
+      // The mutation hook (wrong on purpose): only the warps of this warpgroup (its own rows).
+      const bool hook = (P.variant & kVariantTestOwnVote) != 0;
+      const int w_first = hook ? cw * 4 : 0;
+      const int n = hook ? 4 : Smem<Tr>::kVoteWarps;
       const std::uint32_t tag = seq & 0x3FFFFFFFu;
-      std::uint32_t w;
-      do {
-        w = static_cast<std::uint32_t>(uniform(static_cast<int>(shared_load_atomic(addr))));
-      } while ((w >> 2) != tag);
-      return own & static_cast<int>(w & 3u);
+      const std::uint32_t addr = Smem<Tr>::vote_slot(sm.vote_row(w_first + (lane < n ? lane : 0)), seq);
+      unsigned bits;
+      for (;;) {
+        // Lanes past the CTA's warps hold a word that is ready and allows both blocks.
+        const std::uint32_t word = lane < n ? shared_load_atomic(addr) : (tag << 2) | 3u;
+        const bool ready = (word >> 2) == tag;
+        // Both reductions land in uniform registers (REDUX): a uniform loop exit.
+        bits = __reduce_and_sync(0xffffffffu, ready ? (word & 3u) : 3u) & static_cast<unsigned>(own);
+        const unsigned waiting = __reduce_or_sync(0xffffffffu, ready ? 0u : 1u);
+        if (bits == 0 || waiting == 0) break;
+      }
+      return uniform(static_cast<int>(bits));
     }
   }
 
@@ -576,38 +604,45 @@ struct Consumer {
   // arithmetic with the scale folded in: the row max is taken on raw scores and scaled once
   // (scale > 0, and rounding is monotonic, so this is the max of the scaled scores bit for bit),
   // and every probability is ex2(fma(s, scale*log2e, -max)): one FFMA + one MUFU per element.
-  // Returns the pv_threshold vote (kVoteWarpgroup: this warpgroup's bits, published before the
-  // exponentials so that a waiting peer gets it early; kVoteLegacy: the query block's bit); alpha
-  // receives the factors O must be rescaled by. Paired tiles: per row the halves' maxima x0, x1
-  // give m0 = max(m, x0) and m1 = max(m0, x1) (what the LUT walk gets block by block); block 0 is
-  // tested against m0, block 1 against m1; the exponentials of both use m1 (= the tile's max).
+  // Returns the pv_threshold vote (kVoteWarp: this warp's bits, published right after the row
+  // maxima; kVoteLegacy: the query block's bit); alpha receives the factors O must be rescaled by.
+  // Paired tiles: the LUT walk's running maxima are m0 = max(m, x0) after block 0 and m1 = max(m0,
+  // x1) after block 1 (x0, x1 the halves' row maxima); block 0 is tested against m0, block 1
+  // against m1, and the exponentials of both use m1 (= the tile's max). Each thread tests its own
+  // partial maxima (its 16 scores of each half, no quad shuffles): the test (x - m) + thr <= 0 is
+  // monotonic in x, so the quad agrees on a row exactly when the row's max passes, and the warp's
+  // __all_sync covers the quad. Block 1 is tested against m1 = the new running max. Block 0 is
+  // tested against the old max m instead of m0: when x0 <= m the two are equal; when x0 > m then
+  // m0 = x0 and the row fails both ways (the thread holding x0 gets (x0 - x0) + thr = thr > 0
+  // against m0 and (x0 - m) + thr > 0 against m), so the decisions are those of the definition.
   template <int kVote, bool kMask>
   __device__ __forceinline__ int softmax_step(int k0a, int k0b, float (&alpha)[2], std::uint32_t seq) {
     if constexpr (kMask) mask_scores(k0a, k0b);
     const float scale = p.scale_log2;
-    constexpr bool kSplit = Tr::kPair && kVote == kVoteWarpgroup;
+    constexpr bool kSplit = Tr::kPair && kVote == kVoteWarp;
     float m_old[2];
     bool ok0 = true, ok1 = true;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       m_old[r] = m[r];
       if constexpr (kSplit) {
-        const float x0 = quad_max(raw_max<0, Tr::kBlockKTiles>(r)) * scale;
-        const float x1 = quad_max(raw_max<Tr::kBlockKTiles, Tr::kKTiles>(r)) * scale;
-        const float m0 = fmaxf(m[r], x0);
-        m[r] = fmaxf(m0, x1);
-        ok0 = ok0 && (!row_real[r] || pv_skippable(x0, m0, pv_thr));
-        ok1 = ok1 && (!row_real[r] || pv_skippable(x1, m[r], pv_thr));
+        const float t0 = raw_max<0, Tr::kBlockKTiles>(r);  // this thread's partial maxima (raw)
+        const float t1 = raw_max<Tr::kBlockKTiles, Tr::kKTiles>(r);
+        m[r] = fmaxf(m[r], quad_max(fmaxf(t0, t1)) * scale);
+        // __fmul_rn: the scaled max, rounded as the old max-then-scale was (not contracted into
+        // the test's subtraction), so the decisions are bitwise those of before.
+        ok0 &= pv_skippable(__fmul_rn(t0, scale), m_old[r], pv_thr[r]);
+        ok1 &= pv_skippable(__fmul_rn(t1, scale), m[r], pv_thr[r]);
       } else {
         const float x = quad_max(raw_max<0, Tr::kKTiles>(r)) * scale;
         m[r] = fmaxf(m[r], x);
-        if constexpr (kVote != kVoteOff) ok0 = ok0 && (!row_real[r] || pv_skippable(x, m[r], pv_thr));
+        if constexpr (kVote != kVoteOff) ok0 &= pv_skippable(x, m[r], pv_thr[r]);
       }
     }
     int vote = 0;
-    if constexpr (kVote == kVoteWarpgroup) {
-      if (k0b == kNoKeys) ok1 = false;  // a half tile (or the unpaired kernel) has no second block
-      vote = own_vote(ok0, ok1, seq);
+    if constexpr (kVote == kVoteWarp) {
+      if (!Tr::kPair || k0b == kNoKeys) ok1 = false;  // a half tile (or the unpaired kernel) has no second block
+      vote = warp_vote(ok0, ok1, seq);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -802,10 +837,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     }
     barrier_init_fence();
   }
-  // The pv_threshold vote ring: every slot starts with a tag no early sequence number has
+  // The pv_threshold vote rings: every slot starts with a tag no early sequence number has
   // (0x3FFFFFFF; slot k is first read for seq k < kVoteRing, and written by then).
-  if (tid < Tr::kConsumers * static_cast<int>(Smem<Tr>::kVoteRing)) {
-    shared_store_atomic(sm.vote_slot(tid / Smem<Tr>::kVoteRing, tid % Smem<Tr>::kVoteRing), ~0u);
+  if (tid < Smem<Tr>::kVoteWarps * static_cast<int>(Smem<Tr>::kVoteRing)) {
+    shared_store_atomic(Smem<Tr>::vote_slot(sm.vote_row(tid / Smem<Tr>::kVoteRing), tid % Smem<Tr>::kVoteRing), ~0u);
   }
   __syncthreads();
   // The peer's TMA and arrivals must not reach barriers it has not initialized yet.
@@ -862,10 +897,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
             if ((P.variant & kVariantLegacyPv) != 0) {
               c.template run<kVoteLegacy>(it, q_phase, ring, seq);
             } else {
-              c.template run<kVoteWarpgroup>(it, q_phase, ring, seq);
+              c.template run<kVoteWarp>(it, q_phase, ring, seq);
             }
           } else {
-            c.template run<kVoteWarpgroup>(it, q_phase, ring, seq);
+            c.template run<kVoteWarp>(it, q_phase, ring, seq);
           }
         } else {
           c.template run<kVoteOff>(it, q_phase, ring, seq);

@@ -62,7 +62,7 @@ constexpr int threads_per_cta(int blkq) { return 128 * (1 + consumer_warpgroups(
 // CTAs per SM (113 KiB each).
 constexpr int ctas_per_sm(int blkq) { return blkq >= 128 ? 1 : 2; }
 constexpr int smem_budget(int blkq) { return blkq >= 128 ? 232448 : 115712; }
-constexpr int kSmemSlack = 1024 + 256;  // 1024-byte alignment of the tiles + the barriers + the vote ring
+constexpr int kSmemSlack = 1024 + 512;  // 1024-byte alignment of the tiles + the barriers + the vote rings
 constexpr int q_bytes(int hd, int blkq) { return blkq * hd * 2; }
 constexpr int kv_bytes(int hd, int blkk) { return blkk * hd * 2; }
 // K/V stages: as many as fit (at most 4), at least one.

@@ -20,9 +20,13 @@ __device__ __forceinline__ float ex2(float x) {
 
 // pv_threshold's per-row test (docs/semantics.md Stage 2): the block's PV product may be skipped
 // for this row when (x - m) + thr <= 0 in log2 units, x the block's row max and m the running max
-// including this block. A row without a visible key in the block (x = -inf) always passes.
+// including this block. Written as !(... > 0), so that a NaN difference passes: x = m = -inf (no
+// visible key in the block, nor before it) passes as the definition's x = -inf must, and x = -inf
+// against a finite m gives -inf, which passes too, so no separate -inf test is needed. (+inf or
+// NaN scores, where this could differ from "<= 0", make the row's denominator NaN whatever is
+// skipped.) thr = -inf (a row outside the sequence) passes every value.
 __device__ __forceinline__ bool pv_skippable(float block_max, float running_max, float thr) {
-  return block_max == -INFINITY || (block_max - running_max) + thr <= 0.0f;
+  return !((block_max - running_max) + thr > 0.0f);
 }
 
 // Normalizes the two rows by their denominators (l: this thread's partial sums, summed over the
