@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, TQ * TK <= 64 * 64 ? 4 : 2) scores_b
   // Staging: thread tid holds row lr, columns lc .. lc + 3 of the chunk, of A when lr < TQ and of B
   // when lr < TK (256 threads: 128 rows x 2 float4).
   const int lr = tid / 2, lc = (tid % 2) * 4;
-  const bool a_row = lr < TQ, b_row = lr < TK;
+  const bool a_row = TQ == 128 || lr < TQ, b_row = TK == 128 || lr < TK;  // 128: every thread (lr < 128)
   const std::int64_t tiles_q = (g.nq + TQ - 1) / TQ, tiles_k = (g.nk + TK - 1) / TK;
   const std::int64_t total = g.nseq * g.hq * tiles_q * tiles_k;
   const std::int64_t group = g.hq / g.hk;
