@@ -124,9 +124,10 @@ cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scrat
 //   0 (default): plain launches;
 //   1: the scores and selection launches carry cudaLaunchAttributeProgrammaticStreamSerialization;
 //   2: the K mean and pass 2 launches too (pass 1 never: copies / memsets may come before it).
-// Every kernel calls wait_prior_grid() before it touches memory and allow_dependents() right after
-// (a no-op when the next launch is a plain one), so a dependent grid's CTAs can become resident,
-// and wait, while the grid before it still runs. Same bits every way.
+// Every kernel calls wait_prior_grid() before it touches memory, and every one but the selection
+// (the last) allow_dependents() right after (a no-op when the next launch is a plain one), so a
+// dependent grid's CTAs can become resident, and wait, while the grid before it still runs. Same
+// bits every way.
 int pdl_mode();
 
 #ifdef __CUDACC__

@@ -99,7 +99,8 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
   extern __shared__ __align__(16) unsigned char smem[];
   typename T::Shared& sh = *reinterpret_cast<typename T::Shared*>(smem);
   wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the scores have finished
-  allow_dependents();
+  // No allow_dependents(): the selection is the last launch, and a caller's kernel after it keeps
+  // the implicit trigger at this grid's completion.
   const Geometry& g = a.g;
   const int tid = static_cast<int>(threadIdx.x);
   const std::int64_t total = g.nseq * g.hq * g.nq;
@@ -473,7 +474,8 @@ __global__ void __launch_bounds__(32 * kRowWarps, MINB) select_warp_kernel(const
   constexpr std::uint64_t kNone = ~std::uint64_t{0};
   __shared__ WarpShared<KIND == WarpKind::kCount ? IPT : 1> sh;
   wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the scores have finished
-  allow_dependents();
+  // No allow_dependents(): the selection is the last launch, and a caller's kernel after it keeps
+  // the implicit trigger at this grid's completion.
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
   std::uint64_t* keys = sh.key[wid];
