@@ -949,8 +949,11 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   // producer loads the next tile's Q and K while the consumers finish the last PV and store O).
   // Otherwise one CTA per tile. Default rule (round-3 H200 data, docs/attention_sm90.md): persistent
   // for non-causal problems with BLKQ >= 128 and unpaired tiles, sparse or head dim 64 (causal lost
-  // 11% with static striding, the paired 128 x 64 LUT lost 8% at density 0.4, dense hd128 was even).
-  bool persistent = !p.p.is_causal && Tr::kBlockQ >= 128 && !Tr::kPair && (p.p.lut != nullptr || Tr::kHeadDim == 64);
+  // 11% with static striding, dense hd128 was even). The paired 128 x 64 LUT at head dim 128 too since
+  // the session-3 rounds of 2026-11-30 (with the leaner consumer): 1.68 vs 1.74 ms at density 0.1 in
+  // three interleaved repeats, 6.04 vs 6.17 ms at 0.4 (noisy), where round 3 had measured -8% at 0.4.
+  bool persistent = !p.p.is_causal && Tr::kBlockQ >= 128 && (!Tr::kPair || Tr::kHeadDim == 128) &&
+                    (p.p.lut != nullptr || Tr::kHeadDim == 64);
   if ((p.variant & kVariantPersistent) != 0) persistent = true;
   if ((p.variant & kVariantNoPersistent) != 0) persistent = false;
   int grid = num_tiles;
