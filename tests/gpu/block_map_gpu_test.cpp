@@ -573,9 +573,7 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
 // folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
-// grids, programmatic dependent launches (scores + selection; and the K mean + pass 2), the scores
-// tiles (128 x 128 default, 64 x 128, 64 x 64, the small micro-tiles), the selection's bit search
-// at 1 / 2 / 4 bits a step and its register-capped build (12 CTAs per SM), alone and combined.
+// grids and the small-micro-tile scores kernel, alone and combined.
 // (SPARGE_BLOCKMAP_SELECT=count is left out: its cdf adds in another fp32 order.)
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
@@ -583,42 +581,27 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* kfirst = nullptr;
     const char* pool = nullptr;
     const char* persist = nullptr;
-    const char* pdl = nullptr;
     const char* scores = nullptr;
-    const char* select = nullptr;
-    const char* select_occ = nullptr;
-  };
-  const auto set = [](const char* kmean, const char* kfirst, const char* pool, const char* persist, const char* pdl,
-                      const char* scores, const char* select, const char* select_occ) {
-    return Setting{kmean, kfirst, pool, persist, pdl, scores, select, select_occ};
   };
   const char* const o = nullptr;  // unset
   const Setting settings[] = {
-      set("fold", o, o, o, o, o, o, o),         set(o, "1", o, o, o, o, o, o),
-      set(o, o, "prefetch", o, o, o, o, o),     set(o, o, "base", o, o, o, o, o),
-      set("fold", "1", "wide", o, o, o, o, o),  set(o, o, o, "1", o, o, o, o),
-      set(o, "1", "prefetch", "1", o, o, o, o), set(o, o, "small4", o, o, o, o, o),
-      set(o, o, o, o, "1", o, o, o),            set(o, o, o, o, "2", o, o, o),
-      set("fold", o, o, "1", "2", o, o, o),     set(o, o, o, o, o, "big64x128", o, o),
-      set(o, o, o, o, "2", "big64x64", o, o),   set(o, o, o, o, o, "small", o, o),
-      set(o, o, o, o, o, o, "search2", o),      set(o, o, o, o, o, o, "search4", o),
-      set(o, o, o, o, o, o, o, "12"),           set(o, o, o, o, "1", o, "search4", "12"),
-      set(o, o, o, o, o, "big64x64", "search2", "12")};
+      {"fold", o, o, o, o},        {o, "1", o, o, o},        {o, o, "prefetch", o, o},
+      {o, o, "base", o, o},        {"fold", "1", "wide", o, o}, {o, o, o, "1", o},
+      {o, "1", "prefetch", "1", o}, {o, o, "small4", o, o},   {o, o, o, o, "small"},
+      {"fold", o, o, "1", "small"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
         pool("SPARGE_BLOCKMAP_POOL", st.pool), persist("SPARGE_BLOCKMAP_PERSIST", st.persist),
-        pdl("SPARGE_BLOCKMAP_PDL", st.pdl), scores("SPARGE_BLOCKMAP_SCORES", st.scores),
-        select("SPARGE_BLOCKMAP_SELECT", st.select), select_occ("SPARGE_BLOCKMAP_SELECT_OCC", st.select_occ);
+        scores("SPARGE_BLOCKMAP_SCORES", st.scores);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
-                             " PERSIST=" + show(st.persist) + " PDL=" + show(st.pdl) + " SCORES=" + show(st.scores) +
-                             " SELECT=" + show(st.select) + " SELECT_OCC=" + show(st.select_occ);
+                             " PERSIST=" + show(st.persist) + " SCORES=" + show(st.scores);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))
@@ -916,8 +899,8 @@ SPARGE_CASES(BlockMapGpu) {
     c.sel = {0.3f}, c.sim = {0.1f}, c.scale = 0.0f, c.dtype = DType::f16, c.layout = Layout::nhd, c.blkq = 64;
     c.blkk = 128, c.pattern = Pattern::ramp;
     add(cases, c);
-    // NQ = NK = 141 (causal top-k) and NQ 133, NK 188 (cdf, bf16 HND): every scores tile shape
-    // (128 x 128, 64 x 128, 64 x 64) has partial tiles in both directions, causal ones skipped.
+    // NQ = NK = 141 (causal top-k) and NQ 133, NK 188 (cdf, bf16 HND): the 128 x 128 scores tiles
+    // (and the 64 x 64 ones of SPARGE_BLOCKMAP_SCORES=small) are partial both ways, causal ones skipped.
     c.b = 2, c.hq = 4, c.hk = 2, c.sq = 9000, c.sk = 9000, c.d = 64, c.causal = true, c.use_topk = true;
     c.sel = {0.2f}, c.sim = {0.1f}, c.blkk = 64, c.pattern = Pattern::ramp;  // random draws near-ties at this size
     add(cases, c);

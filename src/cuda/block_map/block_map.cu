@@ -84,9 +84,7 @@ Status plan(const BlockMapParams& p, Plan& out, bool launch = false) {
                                    " bytes of shared memory for the selection, this device allows ", optin));
   }
   if (launch) {
-    // e.g. "base3", or "base3 pdl2" when launches are programmatic dependent launches.
-    out.pool_name = pool_variant_name();
-    if (const int pdl = pdl_mode(); pdl > 0) out.pool_name += detail::cat(" pdl", pdl);
+    out.pool_name = pool_variant_name();  // e.g. "base3"
   }
   return {};
 }

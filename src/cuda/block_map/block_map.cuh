@@ -103,12 +103,11 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
 // The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into
-// s.k_mean (pdl: a programmatic dependent launch, only right after a kernel); the pooling of Q
-// (is_k = false) or of K shifted by `shift` ([nseq, hk, D], or null).
+// s.k_mean; the pooling of Q (is_k = false) or of K shifted by `shift` ([nseq, hk, D], or null).
 // Which pooling kernel variant runs (names it in profiles; SPARGE_BLOCKMAP_POOL).
 const char* pool_variant_name();
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
-cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st, bool pdl = false);
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st);
 cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is_k, const float* shift, const Scratch& s,
                             cudaStream_t st);
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st);
@@ -120,55 +119,8 @@ std::size_t select_smem_bytes(std::int64_t nk);
 const char* select_variant(std::int64_t nk);
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st);
-// Programmatic dependent launch (SPARGE_BLOCKMAP_PDL, read per call; sm_90 and later, else 0):
-//   0 (default): plain launches;
-//   1: the scores and selection launches carry cudaLaunchAttributeProgrammaticStreamSerialization;
-//   2: the K mean and pass 2 launches too (pass 1 never: copies / memsets may come before it).
-// Every kernel calls wait_prior_grid() before it touches memory, and every one but the selection
-// (the last) allow_dependents() right after (a no-op when the next launch is a plain one), so a
-// dependent grid's CTAs can become resident, and wait, while the grid before it still runs. Same
-// bits every way.
-int pdl_mode();
 
 #ifdef __CUDACC__
-
-// griddepcontrol.wait: returns once the grid launched before this one (in stream order) has
-// completed and its memory operations are visible; returns at once without the PDL attribute.
-__device__ __forceinline__ void wait_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// griddepcontrol.launch_dependents: once every CTA of this grid has issued it (or exited), the
-// next grid in the stream, if launched with the PDL attribute, may start (its CTAs then wait in
-// wait_prior_grid() for this grid's completion). Without a dependent launch it does nothing.
-__device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// A launch through cudaLaunchKernelEx, with the PDL attribute when `pdl`; the kernel must begin
-// with wait_prior_grid(). Returns the launch's error (or cudaGetLastError's).
-template <class... Params, class... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st, bool pdl,
-                          const Args&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  if (pdl) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  return e != cudaSuccess ? e : cudaGetLastError();
-}
 
 // Where one sequence's rows live (docs/semantics.md, varlen): the tensor batch index and the row
 // ranges of q and k. The host cannot read cu_seqlens, so the ranges are clamped to the tensor and

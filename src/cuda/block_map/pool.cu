@@ -303,8 +303,6 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
-  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL=2 (pass 2): nothing is read before the K mean has finished
-  allow_dependents();  // the next launch's CTAs may become resident (they wait for this grid's end)
   const std::int64_t total = a.seg[0].count + a.seg[1].count;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -367,8 +365,6 @@ __device__ __forceinline__ void unit_k_mean(const Geometry& g, const float* part
 
 __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratch s) {
   __shared__ float red[kPoolThreads];
-  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL=2: nothing is read before pass 1 has finished
-  allow_dependents();
   for (std::int64_t w = blockIdx.x; w < g.nseq * g.hk; w += gridDim.x) {
     const Seq seq = sequence(g, w / g.hk);
     unit_k_mean(g, s.k_part + w * s.nchunks * g.d, s.nchunks, seq.k_len, red, s.k_mean + w * g.d);
@@ -432,9 +428,8 @@ int pass_grid(Kernel kernel, int grid) {
   return grid < resident ? grid : resident;
 }
 
-// The 16-bit element type and the lanes per row, as template arguments. pdl: a programmatic
-// dependent launch (the kernel waits for the grid before it in the stream; only after a kernel).
-cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st, bool pdl = false) {
+// The 16-bit element type and the lanes per row, as template arguments.
+cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
   const std::int64_t items = a.seg[0].count + a.seg[1].count;
   if (items == 0) return cudaSuccess;
   a.small = items < (std::int64_t{1} << 31);
@@ -442,15 +437,12 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st, bool pdl = false
   // Both segments read vector rows or the strided kernel runs (it is correct for any input).
   const bool vec = a.seg[0].x.vec && (a.seg[1].count == 0 || a.seg[1].x.vec);
   const PoolVariant variant = pool_variant();
-  cudaError_t err = cudaSuccess;
   const auto go = [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     const int grid = grid_for(items);
     const auto run = [&](auto type) {
       using T = decltype(type);
-      const auto go_kernel = [&](auto kernel) {
-        err = launch_kernel(kernel, dim3(pass_grid(kernel, grid)), dim3(kPoolThreads), 0, st, pdl, a);
-      };
+      const auto go_kernel = [&](auto kernel) { kernel<<<pass_grid(kernel, grid), kPoolThreads, 0, st>>>(a); };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, false, 2>);
       } else if (variant == PoolVariant::kPrefetch) {
@@ -470,7 +462,7 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st, bool pdl = false
     } else {
       run(__half{});
     }
-    return err;
+    return cudaGetLastError();
   };
   if (cols <= 1) return go(std::integral_constant<int, 1>{});
   if (cols <= 2) return go(std::integral_constant<int, 2>{});
@@ -513,18 +505,6 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
 
 }  // namespace
 
-int pdl_mode() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_PDL");
-  const int mode = v == nullptr ? 0 : (std::strcmp(v, "1") == 0 ? 1 : (std::strcmp(v, "2") == 0 ? 2 : 0));
-  if (mode == 0) return 0;
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return major >= 9 ? mode : 0;
-}
-
 const char* pool_variant_name() {
   switch (pool_variant()) {
     case PoolVariant::kBase: return "base";
@@ -536,11 +516,11 @@ const char* pool_variant_name() {
   }
 }
 
-cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st, bool pdl) {
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st) {
   const std::int64_t work = g.nseq * g.hk;
   if (work == 0) return cudaSuccess;
-  return launch_kernel(k_mean_kernel, dim3(static_cast<unsigned>(work < kMaxGrid ? work : kMaxGrid)), dim3(kPoolThreads), 0,
-                       st, pdl, g, s);
+  k_mean_kernel<<<static_cast<int>(work < kMaxGrid ? work : kMaxGrid), kPoolThreads, 0, st>>>(g, s);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st) {
@@ -580,14 +560,12 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     if (e != cudaSuccess) return e;
   }
   if (k_first()) std::swap(p1.seg[0], p1.seg[1]);
-  if ((e = launch_pass(bf16, p1, st)) != cudaSuccess) return e;  // never a dependent launch: memset / copies before it
-  // SPARGE_BLOCKMAP_PDL=2: the K mean and pass 2 are programmatic dependent launches too.
-  const bool pdl = pdl_mode() >= 2;
+  if ((e = launch_pass(bf16, p1, st)) != cudaSuccess) return e;
   if (fold) {
     marks("pool Q + K sums + K mean");
   } else {
     marks("pool Q + K sums");
-    if ((e = launch_k_mean(g, s, st, pdl)) != cudaSuccess) return e;
+    if ((e = launch_k_mean(g, s, st)) != cudaSuccess) return e;
     marks("K mean");
   }
 
@@ -595,7 +573,7 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
   p2.g = g;
   p2.seg[0] = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
-  e = launch_pass(bf16, p2, st, pdl);
+  e = launch_pass(bf16, p2, st);
   marks("pool K");
   return e;
 }

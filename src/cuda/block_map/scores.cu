@@ -26,8 +26,6 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(Geometry g, float scal
   constexpr int kPitch = TILE + 1;
   __shared__ float as[kChunk * kPitch];
   __shared__ float bs[kChunk * kPitch];
-  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the pooling has finished
-  allow_dependents();
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % 16, ty = tid / 16;
   const std::int64_t tiles_q = (g.nq + TILE - 1) / TILE, tiles_k = (g.nk + TILE - 1) / TILE;
@@ -83,69 +81,53 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(Geometry g, float scal
   }
 }
 
-// The large tiles: TQ x TK (TQ, TK in {64, 128}) per CTA, each of the 256 threads (16 x 16) a
-// (TQ / 16) x (TK / 16) micro-tile: rows ty*4 + {0..3} (and 64 + ty*4 + {0..3} when TQ = 128),
-// columns likewise with tx, read from shared memory as float4 (conflict free). Head-dim chunks of 8
-// are double-buffered: the global loads of chunk c + 1 are in flight while chunk c is multiplied,
-// one barrier per chunk. Same fmaf chain per score as scores_kernel, so the same bits for every
-// tile shape. 128 x 128 is the default; the smaller tiles (SPARGE_BLOCKMAP_SCORES=big64x128 /
-// big64x64) give 2x / 4x the CTAs with shorter chains per thread (b2 h32 NQ 128 NK 256: 128 CTAs
-// of 128 x 128 on 132 SMs, under one wave).
+// The large tile: 128 x 128 per CTA, each of the 256 threads (16 x 16) an 8 x 8 micro-tile, rows
+// ty*4 + {0..3} and 64 + ty*4 + {0..3} (columns likewise with tx), read from shared memory as
+// float4 (conflict free). Head-dim chunks of 8 are double-buffered: the global loads of chunk
+// c + 1 are in flight while chunk c is multiplied, one barrier per chunk. Same fmaf chain per
+// score as scores_kernel, so the same bits.
+constexpr int kBig = 128;
+constexpr int kBigPitch = kBig + 4;  // keeps the float4 rows aligned; staging stores are conflict free
 
-template <int TQ, int TK>
-__global__ void __launch_bounds__(kThreads, TQ * TK <= 64 * 64 ? 4 : 2) scores_big_kernel(Geometry g, float scale,
-                                                                                          Scratch s) {
-  static_assert((TQ == 64 || TQ == 128) && (TK == 64 || TK == 128), "tiles of 64 or 128");
-  constexpr int kMi = TQ / 16, kMj = TK / 16;  // micro-tile rows / columns (4 or 8)
-  // Pitches keep the float4 rows aligned; the staging stores are conflict free (a warp's two
-  // column groups lc = 0 / 4 land 4 * pitch = 16 mod 32 banks apart).
-  __shared__ __align__(16) float as[2][kChunk][TQ + 4];
-  __shared__ __align__(16) float bs[2][kChunk][TK + 4];
-  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the pooling has finished
-  allow_dependents();
+__global__ void __launch_bounds__(kThreads, 2) scores_big_kernel(Geometry g, float scale, Scratch s) {
+  __shared__ __align__(16) float as[2][kChunk][kBigPitch];
+  __shared__ __align__(16) float bs[2][kChunk][kBigPitch];
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % 16, ty = tid / 16;
-  // Staging: thread tid holds row lr, columns lc .. lc + 3 of the chunk, of A when lr < TQ and of B
-  // when lr < TK (256 threads: 128 rows x 2 float4).
-  const int lr = tid / 2, lc = (tid % 2) * 4;
-  const bool a_row = TQ == 128 || lr < TQ, b_row = TK == 128 || lr < TK;  // 128: every thread (lr < 128)
-  const std::int64_t tiles_q = (g.nq + TQ - 1) / TQ, tiles_k = (g.nk + TK - 1) / TK;
+  const int lr = tid / 2, lc = (tid % 2) * 4;  // staging: one float4 of A and of B per thread and chunk
+  const std::int64_t tiles_q = (g.nq + kBig - 1) / kBig, tiles_k = (g.nk + kBig - 1) / kBig;
   const std::int64_t total = g.nseq * g.hq * tiles_q * tiles_k;
   const std::int64_t group = g.hq / g.hk;
   const int chunks = static_cast<int>(g.d / kChunk);
   for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
     const std::int64_t tk = w % tiles_k, tq = (w / tiles_k) % tiles_q;
     const std::int64_t h = (w / (tiles_k * tiles_q)) % g.hq, si = w / (tiles_k * tiles_q * g.hq);
-    const std::int64_t qb0 = tq * TQ, kb0 = tk * TK;
+    const std::int64_t qb0 = tq * kBig, kb0 = tk * kBig;
     const Seq seq = sequence(g, si);
     const std::int64_t nq_seq = (seq.q_len + g.blkq - 1) / g.blkq;
-    const std::int64_t qb_hi = (qb0 + TQ < nq_seq ? qb0 + TQ : nq_seq) - 1;
+    const std::int64_t qb_hi = (qb0 + kBig < nq_seq ? qb0 + kBig : nq_seq) - 1;
     if (qb_hi < qb0 || kb0 >= visible_blocks(g, seq, qb_hi)) continue;  // uniform over the CTA
 
     // Rows past NQ / NK read as zeros (their scores are never stored).
-    const bool a_ok = a_row && qb0 + lr < g.nq, b_ok = b_row && kb0 + lr < g.nk;
+    const bool a_ok = qb0 + lr < g.nq, b_ok = kb0 + lr < g.nk;
     const float* pa = s.pq + ((si * g.hq + h) * g.nq + (a_ok ? qb0 + lr : 0)) * g.d + lc;
     const float* pb = s.pk + ((si * g.hk + h / group) * g.nk + (b_ok ? kb0 + lr : 0)) * g.d + lc;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 ra = a_ok ? *reinterpret_cast<const float4*>(pa) : zero;
     float4 rb = b_ok ? *reinterpret_cast<const float4*>(pb) : zero;
     const auto stage = [&](int buf) {
-      if (a_row) {
-        as[buf][lc + 0][lr] = ra.x;
-        as[buf][lc + 1][lr] = ra.y;
-        as[buf][lc + 2][lr] = ra.z;
-        as[buf][lc + 3][lr] = ra.w;
-      }
-      if (b_row) {
-        bs[buf][lc + 0][lr] = rb.x;
-        bs[buf][lc + 1][lr] = rb.y;
-        bs[buf][lc + 2][lr] = rb.z;
-        bs[buf][lc + 3][lr] = rb.w;
-      }
+      as[buf][lc + 0][lr] = ra.x;
+      as[buf][lc + 1][lr] = ra.y;
+      as[buf][lc + 2][lr] = ra.z;
+      as[buf][lc + 3][lr] = ra.w;
+      bs[buf][lc + 0][lr] = rb.x;
+      bs[buf][lc + 1][lr] = rb.y;
+      bs[buf][lc + 2][lr] = rb.z;
+      bs[buf][lc + 3][lr] = rb.w;
     };
     stage(0);
     __syncthreads();
-    float acc[kMi][kMj] = {};
+    float acc[8][8] = {};
     for (int c0 = 0; c0 < chunks; ++c0) {
       const int cur = c0 & 1;
       const bool more = c0 + 1 < chunks;
@@ -155,21 +137,16 @@ __global__ void __launch_bounds__(kThreads, TQ * TK <= 64 * 64 ? 4 : 2) scores_b
       }
 #pragma unroll
       for (int c = 0; c < kChunk; ++c) {
-        float a[kMi], b[kMj];
+        const float4 a0 = *reinterpret_cast<const float4*>(&as[cur][c][ty * 4]);
+        const float4 a1 = *reinterpret_cast<const float4*>(&as[cur][c][64 + ty * 4]);
+        const float4 b0 = *reinterpret_cast<const float4*>(&bs[cur][c][tx * 4]);
+        const float4 b1 = *reinterpret_cast<const float4*>(&bs[cur][c][64 + tx * 4]);
+        const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-        for (int half = 0; half < kMi / 4; ++half) {
-          const float4 v = *reinterpret_cast<const float4*>(&as[cur][c][half * 64 + ty * 4]);
-          a[half * 4 + 0] = v.x, a[half * 4 + 1] = v.y, a[half * 4 + 2] = v.z, a[half * 4 + 3] = v.w;
-        }
+        for (int i = 0; i < 8; ++i) {
 #pragma unroll
-        for (int half = 0; half < kMj / 4; ++half) {
-          const float4 v = *reinterpret_cast<const float4*>(&bs[cur][c][half * 64 + tx * 4]);
-          b[half * 4 + 0] = v.x, b[half * 4 + 1] = v.y, b[half * 4 + 2] = v.z, b[half * 4 + 3] = v.w;
-        }
-#pragma unroll
-        for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-          for (int j = 0; j < kMj; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+          for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
       }
       // The other buffer was last read before the previous barrier.
@@ -179,11 +156,11 @@ __global__ void __launch_bounds__(kThreads, TQ * TK <= 64 * 64 ? 4 : 2) scores_b
     float* out = s.scores + (si * g.hq + h) * g.nq * g.nk;
     const bool vec = g.nk % 4 == 0;  // rows 16-byte aligned (the region is)
 #pragma unroll
-    for (int i = 0; i < kMi; ++i) {
-      const std::int64_t qb = qb0 + (i / 4) * 64 + ty * 4 + i % 4;
+    for (int i = 0; i < 8; ++i) {
+      const std::int64_t qb = qb0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
       if (qb >= g.nq) continue;
 #pragma unroll
-      for (int half = 0; half < kMj / 4; ++half) {
+      for (int half = 0; half < 2; ++half) {
         const std::int64_t kb = kb0 + half * 64 + tx * 4;
         const float* v = &acc[i][half * 4];
         if (vec) {
@@ -202,24 +179,19 @@ __global__ void __launch_bounds__(kThreads, TQ * TK <= 64 * 64 ? 4 : 2) scores_b
   }
 }
 
-template <int TQ, int TK>
 cudaError_t launch_big(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
-  const std::int64_t tiles = g.nseq * g.hq * ((g.nq + TQ - 1) / TQ) * ((g.nk + TK - 1) / TK);
+  const std::int64_t tiles = g.nseq * g.hq * ((g.nq + kBig - 1) / kBig) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_kernel(scores_big_kernel<TQ, TK>, dim3(grid), dim3(kThreads), 0, st, pdl_mode() >= 1, g, scale, s);
+  scores_big_kernel<<<grid, kThreads, 0, st>>>(g, scale, s);
+  return cudaGetLastError();
 }
 
-// SPARGE_BLOCKMAP_SCORES (read per call) where NQ and NK are both at least 128: `big` (default)
-// 128 x 128 tiles; `big64x128` / `big64x64` the smaller double-buffered tiles; `small` the
-// (TILE/16)^2 micro-tiles of scores_kernel, for timing comparisons. Same bits every way.
-enum class BigTile { kNone, k128, k64x128, k64x64 };
-BigTile big_tile() {
+// SPARGE_BLOCKMAP_SCORES=small (read per call) keeps the (TILE/16)^2 micro-tiles for every shape,
+// for timing comparisons.
+bool big_allowed() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
-  if (v != nullptr && std::strcmp(v, "small") == 0) return BigTile::kNone;
-  if (v != nullptr && std::strcmp(v, "big64x128") == 0) return BigTile::k64x128;
-  if (v != nullptr && std::strcmp(v, "big64x64") == 0) return BigTile::k64x64;
-  return BigTile::k128;
+  return !(v != nullptr && std::strcmp(v, "small") == 0);
 }
 
 template <int TILE>
@@ -227,7 +199,8 @@ cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + TILE - 1) / TILE) * ((g.nk + TILE - 1) / TILE);
   if (tiles == 0) return cudaSuccess;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_kernel(scores_kernel<TILE>, dim3(grid), dim3(kThreads), 0, st, pdl_mode() >= 1, g, scale, s);
+  scores_kernel<TILE><<<grid, kThreads, 0, st>>>(g, scale, s);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -235,10 +208,7 @@ cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_
 // Tile choice changes speed only, never a score: each score is the same fmaf chain in any tile.
 const char* scores_variant(const Geometry& g) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
-  const BigTile big = m >= 128 ? big_tile() : BigTile::kNone;
-  if (big == BigTile::k128) return "big128";
-  if (big == BigTile::k64x128) return "big64x128";
-  if (big == BigTile::k64x64) return "big64x64";
+  if (m >= 128 && big_allowed()) return "big128";
   if (m >= 512) return "tile128";
   if (m >= 64) return "tile64";
   if (m >= 32) return "tile32";
@@ -247,10 +217,7 @@ const char* scores_variant(const Geometry& g) {
 
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
-  const BigTile big = m >= 128 ? big_tile() : BigTile::kNone;
-  if (big == BigTile::k128) return launch_big<128, 128>(g, scale, s, st);
-  if (big == BigTile::k64x128) return launch_big<64, 128>(g, scale, s, st);
-  if (big == BigTile::k64x64) return launch_big<64, 64>(g, scale, s, st);
+  if (m >= 128 && big_allowed()) return launch_big(g, scale, s, st);
   if (m >= 512) return launch<128>(g, scale, s, st);
   if (m >= 64) return launch<64>(g, scale, s, st);
   if (m >= 32) return launch<32>(g, scale, s, st);

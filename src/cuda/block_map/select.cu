@@ -98,9 +98,6 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
   using T = Tier<NT, IPT>;
   extern __shared__ __align__(16) unsigned char smem[];
   typename T::Shared& sh = *reinterpret_cast<typename T::Shared*>(smem);
-  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the scores have finished
-  // No allow_dependents(): the selection is the last launch, and a caller's kernel after it keeps
-  // the implicit trigger at this grid's completion.
   const Geometry& g = a.g;
   const int tid = static_cast<int>(threadIdx.x);
   const std::int64_t total = g.nseq * g.hq * g.nq;
@@ -286,18 +283,11 @@ __device__ __forceinline__ float warp_sum(float v) {
 //          (each lane its IPT values in order, then warp_sum) with the blocks outside the prefix
 //          as zeros. Rounding to nearest is monotone, so G is monotone in the prefix and
 //          G(all) = z; the crossing block is the first whose prefix has G / z >= cdfthreshd.
-// RB bits of w per step (SPARGE_BLOCKMAP_SELECT=search / search2 / search4: 1, 2, 4): a step
-// evaluates the predicate at the 2^RB - 1 candidates prefix | t << b | (2^b - 1), t < 2^RB - 1,
-// independently (their warp reductions overlap), and the digit is the number of candidates that
-// fail it (the predicate is monotone in t, so that is the first t that passes). 32 / RB dependent
-// steps instead of 32; the crossing w is the same smallest w for every RB (same bits).
 // Returns, in keep, the selected blocks (or-ed into the forced ones).
-template <int IPT, int RB>
+template <int IPT>
 __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], const float (&sc)[IPT], int lane,
                                                  int r, int nv, bool use_topk, float value, bool (&keep)[IPT]) {
-  static_assert(RB == 1 || RB == 2 || RB == 4, "32 / RB steps");
   constexpr int kIdxBits = log2_exact(32 * IPT);
-  constexpr int kCand = (1 << RB) - 1;  // candidates per step
   std::uint32_t cross_w = 0;  // the w of the last kept block
   int cross_kb = 0;           // among blocks with w == cross_w, the kept ones have kb <= cross_kb
   if (use_topk) {
@@ -308,23 +298,15 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
       for (int i = 0; i < IPT; ++i) keep[i] = keep[i] || w[i] != ~0u;
       return;
     }
-    // The n-th smallest w: digit t at bits [b, b + RB) is the number of candidates t' < 2^RB - 1
-    // with fewer than n blocks at w <= prefix | t' << b | (2^b - 1) (RB = 1: bit b is 0 iff at
-    // least n blocks have w <= prefix | (2^b - 1)).
+    // The n-th smallest w: bit b of it is 0 iff at least n blocks have w <= prefix | (2^b - 1).
     std::uint32_t prefix = 0;
 #pragma unroll 1
-    for (int b = 32 - RB; b >= 0; b -= RB) {
-      const std::uint32_t low = (1u << b) - 1u;
-      std::uint32_t digit = 0;
+    for (int b = 31; b >= 0; --b) {
+      const std::uint32_t x = prefix | ((1u << b) - 1u);
+      unsigned c = 0;
 #pragma unroll
-      for (int t = 0; t < kCand; ++t) {
-        const std::uint32_t x = prefix | (static_cast<std::uint32_t>(t) << b) | low;
-        unsigned c = 0;
-#pragma unroll
-        for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
-        digit += static_cast<int>(__reduce_add_sync(0xffffffffu, c)) < n ? 1u : 0u;
-      }
-      prefix |= digit << b;
+      for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
+      if (static_cast<int>(__reduce_add_sync(0xffffffffu, c)) < n) prefix |= 1u << b;
     }
     cross_w = prefix;
     unsigned below = 0;
@@ -364,18 +346,12 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
       return warp_sum(acc);
     };
     const float z = mass([&](int i) { return w[i] != ~0u; });
-    // The smallest w whose prefix (every block with w' <= w) reaches the mass, RB bits a step.
+    // The smallest w whose prefix (every block with w' <= w) reaches the mass.
     std::uint32_t prefix = 0;
 #pragma unroll 1
-    for (int b = 32 - RB; b >= 0; b -= RB) {
-      const std::uint32_t low = (1u << b) - 1u;
-      std::uint32_t digit = 0;
-#pragma unroll
-      for (int t = 0; t < kCand; ++t) {
-        const std::uint32_t x = prefix | (static_cast<std::uint32_t>(t) << b) | low;
-        digit += !(mass([&](int i) { return w[i] <= x; }) / z >= value) ? 1u : 0u;
-      }
-      prefix |= digit << b;
+    for (int b = 31; b >= 0; --b) {
+      const std::uint32_t x = prefix | ((1u << b) - 1u);
+      if (!(mass([&](int i) { return w[i] <= x; }) / z >= value)) prefix |= 1u << b;
     }
     cross_w = prefix;
     if (cross_w == ~0u) {
@@ -408,7 +384,7 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
 
 // One row by bit search, the whole of steps 1-4 for a warp: raw[i] is the score of key block
 // kb = lane + 32 i (read only for kb < nv).
-template <int IPT, int RB>
+template <int IPT>
 __device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int64_t si, std::int64_t h,
                                                   std::int64_t qb, const Seq& seq, const float (&raw)[IPT], int lane) {
   const Geometry& g = a.g;
@@ -443,7 +419,7 @@ __device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int6
     }
   }
   if (!forced_row && rankable > 0) {  // uniform over the warp
-    select_by_search<IPT, RB>(wk, sc, lane, rankable, nv, a.rule.use_topk, a.rule.value[h], keep);
+    select_by_search<IPT>(wk, sc, lane, rankable, nv, a.rule.use_topk, a.rule.value[h], keep);
   }
   // The LUT row: kept blocks ascending (ballots in block order), then -1.
   const Out<std::int32_t>& lut = a.lut;
@@ -461,21 +437,14 @@ __device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int6
 }
 
 // kind: kCount = ranks by counting smaller keys (O(NK^2 / 32) per warp); kSearch = the bit search
-// above (O(32 NK / 32) per warp), RB bits a step. Both select the same blocks for top-k; for cdf
-// they add the probabilities in different fp32 orders (both within rounding of the CPU's fp64).
+// above (O(32 NK / 32) per warp). Both select the same blocks for top-k; for cdf they add the
+// probabilities in different fp32 orders (both within rounding of the CPU's fp64).
 enum class WarpKind { kCount, kSearch };
 
-// MINB: CTAs per SM the registers are capped for (SPARGE_BLOCKMAP_SELECT_OCC). 0 (default): no
-// cap, 56-64 registers (sm_90a), 8-9 CTAs of 4 warps per SM, so 8192 rows (2048 CTAs) take ~1.8
-// waves on 132 SMs; 12: 40 registers with ~75-140 bytes of spills, 12 CTAs per SM, ~1.3 waves and
-// more warps to hide the search's latency. (16, 32 registers, spills 224-254 bytes: not offered.)
-template <int IPT, WarpKind KIND, int RB = 1, int MINB = 0>
-__global__ void __launch_bounds__(32 * kRowWarps, MINB) select_warp_kernel(const __grid_constant__ SelectArgs a) {
+template <int IPT, WarpKind KIND>
+__global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __grid_constant__ SelectArgs a) {
   constexpr std::uint64_t kNone = ~std::uint64_t{0};
   __shared__ WarpShared<KIND == WarpKind::kCount ? IPT : 1> sh;
-  wait_prior_grid();  // SPARGE_BLOCKMAP_PDL: nothing is read before the scores have finished
-  // No allow_dependents(): the selection is the last launch, and a caller's kernel after it keeps
-  // the implicit trigger at this grid's completion.
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
   std::uint64_t* keys = sh.key[wid];
@@ -494,7 +463,7 @@ __global__ void __launch_bounds__(32 * kRowWarps, MINB) select_warp_kernel(const
       float raw[IPT];
 #pragma unroll
       for (int i = 0; i < IPT; ++i) raw[i] = lane + 32 * i < nv ? scores[lane + 32 * i] : 0.0f;
-      finish_row_search<IPT, RB>(a, si, h, qb, seq, raw, lane);
+      finish_row_search<IPT>(a, si, h, qb, seq, raw, lane);
     } else {
       const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
       const bool forced_row = has_threshold && nv > 0 && !(a.s.q_sim[row] > threshold);
@@ -609,45 +578,28 @@ __global__ void __launch_bounds__(32 * kRowWarps, MINB) select_warp_kernel(const
   }
 }
 
-// SPARGE_BLOCKMAP_SELECT (read per call): `search` (default) the bit search one bit a step;
-// `search2` / `search4` 2 / 4 bits a step in the warp kernel (rows of at most 256 key blocks; the
-// CTA kernel keeps one bit); `count` the previous selections, for timing comparisons: counting
-// ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
-WarpKind warp_kind() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
-  return v != nullptr && std::strcmp(v, "count") == 0 ? WarpKind::kCount : WarpKind::kSearch;
-}
-int select_occupancy() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT_OCC");
-  return v != nullptr && std::strcmp(v, "12") == 0 ? 12 : 0;
-}
-int search_bits() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
-  if (v != nullptr && std::strcmp(v, "search2") == 0) return 2;
-  if (v != nullptr && std::strcmp(v, "search4") == 0) return 4;
-  return 1;
-}
-bool cta_search() { return warp_kind() == WarpKind::kSearch; }
-
 template <int IPT>
-cudaError_t launch_warp(const SelectArgs& a, cudaStream_t st) {
+cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
   const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
   if (rows == 0) return cudaSuccess;
   const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
   const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
-  const bool pdl = pdl_mode() >= 1;
-  const auto go = [&](auto kernel) { return launch_kernel(kernel, dim3(grid), dim3(32 * kRowWarps), 0, st, pdl, a); };
-  if (warp_kind() == WarpKind::kCount) return go(select_warp_kernel<IPT, WarpKind::kCount>);
-  const int bits = search_bits();
-  if (select_occupancy() == 12) {
-    if (bits == 2) return go(select_warp_kernel<IPT, WarpKind::kSearch, 2, 12>);
-    if (bits == 4) return go(select_warp_kernel<IPT, WarpKind::kSearch, 4, 12>);
-    return go(select_warp_kernel<IPT, WarpKind::kSearch, 1, 12>);
+  if (kind == WarpKind::kCount) {
+    select_warp_kernel<IPT, WarpKind::kCount><<<grid, 32 * kRowWarps, 0, st>>>(a);
+  } else {
+    select_warp_kernel<IPT, WarpKind::kSearch><<<grid, 32 * kRowWarps, 0, st>>>(a);
   }
-  if (bits == 2) return go(select_warp_kernel<IPT, WarpKind::kSearch, 2>);
-  if (bits == 4) return go(select_warp_kernel<IPT, WarpKind::kSearch, 4>);
-  return go(select_warp_kernel<IPT, WarpKind::kSearch, 1>);
+  return cudaGetLastError();
 }
+
+// SPARGE_BLOCKMAP_SELECT=count (read per call) picks the previous selections, for timing
+// comparisons: counting ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
+// The default is the bit search.
+WarpKind warp_kind() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
+  return v != nullptr && std::strcmp(v, "count") == 0 ? WarpKind::kCount : WarpKind::kSearch;
+}
+bool cta_search() { return warp_kind() == WarpKind::kSearch; }
 
 template <int NT, int IPT>
 std::size_t smem_bytes() {
@@ -665,7 +617,8 @@ cudaError_t launch(const SelectArgs& a, cudaStream_t st) {
     if (e != cudaSuccess) return e;
   }
   const int grid = static_cast<int>(rows < kMaxGrid ? rows : kMaxGrid);
-  return launch_kernel(select_kernel<NT, IPT>, dim3(grid), dim3(NT), bytes, st, pdl_mode() >= 1, a, cta_search());
+  select_kernel<NT, IPT><<<grid, NT, bytes, st>>>(a, cta_search());
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -683,20 +636,15 @@ std::size_t select_smem_bytes(std::int64_t nk) {
 }
 
 const char* select_variant(std::int64_t nk) {
-  if (nk <= 256) {
-    if (warp_kind() == WarpKind::kCount) return "warp-count";
-    const int bits = search_bits();
-    if (select_occupancy() == 12) return bits == 4 ? "warp-search4 occ12" : (bits == 2 ? "warp-search2 occ12" : "warp-search occ12");
-    return bits == 4 ? "warp-search4" : (bits == 2 ? "warp-search2" : "warp-search");
-  }
+  if (nk <= 256) return warp_kind() == WarpKind::kCount ? "warp-count" : "warp-search";
   return cta_search() ? "cta-search (top-k; cdf sorts)" : "cta-sort";
 }
 
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st) {
   const SelectArgs a{g, rule, s, lut, counts, maybe_scores};
-  if (g.nk <= 128) return launch_warp<4>(a, st);
-  if (g.nk <= 256) return launch_warp<8>(a, st);
+  if (g.nk <= 128) return launch_warp<4>(a, warp_kind(), st);
+  if (g.nk <= 256) return launch_warp<8>(a, warp_kind(), st);
   if (g.nk <= 1024) return launch<256, 4>(a, st);
   if (g.nk <= 2048) return launch<256, 8>(a, st);
   if (g.nk <= 4096) return launch<512, 8>(a, st);
