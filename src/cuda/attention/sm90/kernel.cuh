@@ -79,42 +79,13 @@ struct Traits {
   static constexpr bool kMayMulticast = !PAIR_ && BLKQ_ == 128 && HD_ == 128;
 };
 
-// The key blocks a query block visits: the sequence of the portable kernel's BlockIter
-// (block_iter.cuh: the LUT row in its order without entries outside [0, visible), or every
-// visible block when dense), walked by one thread (the producer) with a pointer that advances by
-// the row stride and the next entry loaded one call early. Consumer warps walk the same sequence
-// with WarpWalk below.
-struct BlockWalk {
-  const std::int32_t* at = nullptr;  // LUT: the entry `ahead` was loaded from; nullptr: dense
-  std::int64_t stride = 1;
-  int left = 0;            // LUT: entries from `ahead` on, not yet consumed; dense: blocks left
-  int ahead = -1;          // LUT: the next entry; dense: the next block
-  std::uint32_t visible = 0;
-
-  __device__ __forceinline__ int next() {
-    if (at == nullptr) {
-      if (left <= 0) return -1;
-      --left;
-      return ahead++;
-    }
-    while (left > 0) {
-      const int kb = ahead;
-      if (--left > 0) {
-        at += stride;
-        ahead = __ldg(at);
-      }
-      if (static_cast<std::uint32_t>(kb) < visible) return kb;  // 0 <= kb < visible
-    }
-    return -1;
-  }
-};
-
-// The consumers' walk of the same sequence, one warp together: lane i holds entry base + i of the
-// LUT row (the next chunk of 32 is loaded one refill early), a ballot marks the chunk's entries in
+// The consumers' walk of the key blocks a query block visits, one warp together: the sequence of
+// the producer's BlockIter (block_iter.cuh: the LUT row in its order without entries outside
+// [0, visible), or every visible block when dense). Lane i holds entry base + i of the LUT row (the next chunk of 32 is loaded one refill early), a ballot marks the chunk's entries in
 // [0, visible), and each call hands out the lowest one not yet returned (__shfl_sync from its
-// lane). Per block a few instructions instead of BlockWalk's serial load-and-test per entry; the
+// lane). Per block a few instructions instead of BlockIter's serial load-and-test per entry; the
 // order is the same (chunks ascending, lanes ascending within a chunk), so the producer's
-// BlockWalk and every consumer warp agree on the tiles. All lanes of the warp must call next().
+// BlockIter and every consumer warp agree on the tiles. All lanes of the warp must call next().
 struct WarpWalk {
   const std::int32_t* row = nullptr;  // nullptr: dense
   std::int64_t stride = 1;
@@ -151,7 +122,7 @@ struct WarpWalk {
 struct KeyTile {
   int kb[2];
 };
-// Fetches the next tile from a walk of the block sequence (the producer's BlockWalk and every
+// Fetches the next tile from a walk of the block sequence (the producer's BlockIter and every
 // consumer warp's WarpWalk return the same blocks, so all agree on the pairs). kb[0] < 0: no tile
 // left.
 template <class Tr, class Walk>
@@ -258,21 +229,10 @@ __device__ __forceinline__ WarpWalk make_warp_walk(const KernelParams& p, const 
   it.fill();
   return it;
 }
-// Counts outside [0, nk_lut] are clamped (the LUT is device data the host could not check), as in
-// make_lut_iter.
-__device__ __forceinline__ BlockWalk make_iter(const KernelParams& p, const Tile& t, int visible) {
-  BlockWalk it;
-  it.visible = static_cast<std::uint32_t>(visible < 0 ? 0 : visible);
-  if (p.lut == nullptr) {
-    it.left = visible;
-    it.ahead = 0;
-    return it;
-  }
-  it.at = lut_row(p, t);
-  it.stride = p.lut_stride[3];
-  it.left = lut_count(p, t);
-  it.ahead = it.left > 0 ? __ldg(it.at) : -1;
-  return it;
+// The producer's walk: the portable kernel's iterator over the same row and clamped count.
+__device__ __forceinline__ BlockIter make_iter(const KernelParams& p, const Tile& t, int visible) {
+  if (p.lut == nullptr) return make_dense_iter(visible);
+  return make_lut_iter(lut_row(p, t), p.lut_stride[3], lut_count(p, t), p.nk_lut, visible);
 }
 
 // One K or V slab box of a tile: into this CTA's stage, or (multicast, kVariantClusterKV) only the
@@ -296,7 +256,7 @@ __device__ __forceinline__ void load_kv_slab(const Sm90Params& P, void* dst, con
 // still expects the whole tile (half from each CTA's TMA), the "empty" barrier counts the consumer
 // warps of both CTAs.
 template <class Tr>
-__device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockWalk it,
+__device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it,
                                          std::uint32_t q_phase, Ring<Tr>& ring) {
   barrier_wait(sm.q_empty(), q_phase ^ 1);
   barrier_expect_bytes(sm.q_full(), Tr::kQBytes);
