@@ -31,20 +31,25 @@ __device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t smem_addr, std:
 // bytes of a 128-byte swizzled row, so k-steps 0..3 of a slab advance the start address by 32 bytes
 // (the hardware applies the swizzle to the full address); k-step 4 starts the next slab.
 // 8-row groups are 1024 bytes apart (SBO); LBO is unused for swizzled K-major layouts.
+__device__ __forceinline__ constexpr std::uint32_t k_major_offset(std::uint32_t slab_bytes, int ks) {
+  return (ks / 4) * slab_bytes + (ks % 4) * 32;
+}
 __device__ __forceinline__ std::uint64_t k_major_desc(std::uint32_t tile, std::uint32_t slab_bytes, int ks) {
-  return smem_desc(tile + (ks / 4) * slab_bytes + (ks % 4) * 32, 16, 1024);
+  return smem_desc(tile + k_major_offset(slab_bytes, ks), 16, 1024);
 }
 
 // MN-major operand (V as B of O = P V: N = head dim contiguous, K = keys strided), k-step `kk` of
 // 16 keys = 16 rows = 2048 bytes. LBO = distance between the 64-column slabs of the head dim, SBO
 // = distance between 8-row (8-key) groups.
+__device__ __forceinline__ constexpr std::uint32_t mn_major_offset(int kk) { return kk * 2048; }
 __device__ __forceinline__ std::uint64_t mn_major_desc(std::uint32_t tile, std::uint32_t slab_bytes, int kk) {
-  return smem_desc(tile + kk * 2048, slab_bytes, 1024);
+  return smem_desc(tile + mn_major_offset(kk), slab_bytes, 1024);
 }
 
 // The same descriptors as a base plus per-k-step offsets: the base (start address field of the
 // tile, LBO, SBO, layout) is computed once, and each k-step adds its byte offset >> 4 to the low
-// word. Shared-memory addresses are below 2^18, so the start address field (14 bits) of
+// word (k_major_offset / mn_major_offset: compile-time constants in the unrolled loops).
+// Shared-memory addresses are below 2^18, so the start address field (14 bits) of
 // base + offset never carries into LBO: bit for bit the descriptor of smem_desc(tile + offset, ...),
 // at one uniform add per wgmma instead of recomputing mask, shift and OR from the address.
 struct DescBase {
@@ -57,12 +62,6 @@ __device__ __forceinline__ DescBase desc_base(std::uint32_t tile, std::uint32_t 
   const std::uint64_t d = smem_desc(tile, lbo, sbo);
   return {static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(d >> 32)};
 }
-// Byte offsets of k-step ks within a K-major tile (see k_major_desc) and of k-step kk within an
-// MN-major tile (see mn_major_desc); compile-time constants in the unrolled loops.
-__device__ __forceinline__ constexpr std::uint32_t k_major_offset(std::uint32_t slab_bytes, int ks) {
-  return (ks / 4) * slab_bytes + (ks % 4) * 32;
-}
-__device__ __forceinline__ constexpr std::uint32_t mn_major_offset(int kk) { return kk * 2048; }
 __device__ __forceinline__ DescBase k_major_base(std::uint32_t tile) { return desc_base(tile, 16, 1024); }
 __device__ __forceinline__ DescBase mn_major_base(std::uint32_t tile, std::uint32_t slab_bytes) {
   return desc_base(tile, slab_bytes, 1024);
