@@ -38,11 +38,9 @@ bool vector_loads(const Tensor& t) {
 struct Plan {
   Geometry g;
   std::size_t select_smem = 0;
-  std::string pool_name;  // for the profile line
 };
 
-// launch: also name the pooling variant for the profile line (supported() needs no name).
-Status plan(const BlockMapParams& p, Plan& out, bool launch = false) {
+Status plan(const BlockMapParams& p, Plan& out) {
   if (p.q.dtype != DType::f16 && p.q.dtype != DType::bf16) {
     return unsupported(detail::cat(kOp, ": q.dtype = ", to_string(p.q.dtype),
                                    " is not supported by the CUDA backend (expected f16 or bf16)"));
@@ -82,9 +80,6 @@ Status plan(const BlockMapParams& p, Plan& out, bool launch = false) {
   if (out.select_smem > static_cast<std::size_t>(optin)) {
     return unsupported(detail::cat(kOp, ": NK = ", g.nk, " key blocks per row need ", out.select_smem,
                                    " bytes of shared memory for the selection, this device allows ", optin));
-  }
-  if (launch) {
-    out.pool_name = pool_variant_name();  // e.g. "base3"
   }
   return {};
 }
@@ -186,7 +181,7 @@ Status supported(const BlockMapParams& p) {
 
 Status build_block_map(const BlockMapParams& p) {
   Plan pl;
-  SPARGE_RETURN_IF_ERROR(plan(p, pl, /*launch=*/true));
+  SPARGE_RETURN_IF_ERROR(plan(p, pl));
   const Geometry& g = pl.g;
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
   const bool bf16 = p.q.dtype == DType::bf16;
@@ -254,8 +249,8 @@ Status build_block_map(const BlockMapParams& p) {
   StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
   phase = "the pooling (K mean, Q and K blocks)";
-  if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim),
-                          out_of<float>(p.maybe_k_sim), stream, timer.marks())) != cudaSuccess) {
+  if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim), out_of<float>(p.maybe_k_sim),
+                          stream, timer.marks())) != cudaSuccess) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;
@@ -273,7 +268,7 @@ Status build_block_map(const BlockMapParams& p) {
     (void)cudaGetLastError();
     return runtime_error(detail::cat(kOp, ": cudaFreeAsync of the scratch failed: ", cudaGetErrorString(e)));
   }
-  timer.print(g, pl.pool_name.c_str(), scores_variant(g), select_variant(g.nk));
+  timer.print(g, pool_variant_name(), scores_variant(g), select_variant(g.nk));
   return {};
 }
 

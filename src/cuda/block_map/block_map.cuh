@@ -97,9 +97,9 @@ struct Marks {
 // when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
 // similarities and the optional diagnostic outputs: one launch without smooth, else two (K mean
 // folded into the first, after a memset of s.k_done) or three (pool.cu).
-cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth,
-                           const Scratch& s, const Out<float>& maybe_q_sim,
-                           const Out<float>& maybe_k_sim, cudaStream_t st, const Marks& marks = {});
+cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
+                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
+                           const Marks& marks = {});
 // The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into

@@ -74,12 +74,11 @@ struct PassArgs {
 // MINB: CTAs per SM the registers are capped for (3 spills ~100 bytes per thread, 2 spills none
 // without PREFETCH).
 // BATCH: steps of 16-byte loads in flight per lane (kBatch, or 16 for the `wide` variant).
-// SHIFT: shift_row (this unit's D values of the K mean, in global or shared memory) is subtracted
-// from every row (the K rows of pass 2); without it the subtraction of zeros is left out (x - 0 is
-// x, -0 included: the same bits).
+// SHIFT: sg.shift is set (the K rows of pass 2: the unit's K mean is subtracted from every row);
+// without it the subtraction of zeros is left out (x - 0 is x, -0 included: the same bits).
 template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
-                                          std::int64_t b, const float* shift_row = nullptr) {
+                                          std::int64_t b) {
   constexpr int kBatch = BATCH;  // shadows the file's default
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
@@ -124,7 +123,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     float shift[8] = {};
     if (SHIFT && col_ok) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) shift[j] = shift_row[sub * 8 + j];  // generic load: global or shared
+      for (int j = 0; j < 8; ++j) shift[j] = sg.shift[(si * sg.heads + h) * g.d + sub * 8 + j];
     }
     float sum[8] = {}, unit[8] = {};
     // FULL: every row of the batch is in the item (warp-uniform), so no per-row checks: a lane
@@ -250,7 +249,7 @@ __device__ __forceinline__ void decode_item(const Segment& sg, std::int64_t i, b
   }
 }
 
-// ---- K mean folded into pass 1 (smooth_k, default) ----------------------------------------------
+// ---- K mean folded into pass 1 (smooth_k, SPARGE_BLOCKMAP_KMEAN=fold) ----------------------------------------------
 // The warp that adds the last chunk sum of a unit u = (sequence, kv head) (an integer counter per
 // unit, zeroed by launch_pooling) computes the unit's mean, in k_mean_kernel's order, so the bits
 // are those of the separate launch: "thread" v = grp * D + dim (v < groups * D, groups =
@@ -315,7 +314,7 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     std::int64_t h, b, si;
     decode_item(sg, i, a.small, si, h, b);
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, PREFETCH, VEC, BATCH, true>(a.g, sg, si, h, b, sg.shift + (si * sg.heads + h) * a.g.d);
+      pool_item<T, LANES, PREFETCH, VEC, BATCH, true>(a.g, sg, si, h, b);
     } else {
       pool_item<T, LANES, PREFETCH, VEC, BATCH, false>(a.g, sg, si, h, b);
     }
@@ -539,7 +538,8 @@ cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is
 }
 
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
-                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st, const Marks& marks) {
+                           const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
+                           const Marks& marks) {
   PassArgs p1;
   p1.g = g;
   p1.seg[0] = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
