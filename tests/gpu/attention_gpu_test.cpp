@@ -22,6 +22,7 @@
 #include <random>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,49 +94,17 @@ struct Cfg {
   }
 };
 
-// Sets SPARGE_ATTN_PATH for one scope (nullptr: leave it as the environment has it).
-class ScopedPath {
- public:
-  explicit ScopedPath(const char* path) : set_(path != nullptr) {
-    if (!set_) return;
-    const char* old = std::getenv("SPARGE_ATTN_PATH");
-    had_old_ = old != nullptr;
-    if (had_old_) old_ = old;
-    setenv("SPARGE_ATTN_PATH", path, 1);
-  }
-  ~ScopedPath() {
-    if (!set_) return;
-    if (had_old_) setenv("SPARGE_ATTN_PATH", old_.c_str(), 1); else unsetenv("SPARGE_ATTN_PATH");
-  }
-  ScopedPath(const ScopedPath&) = delete;
-  ScopedPath& operator=(const ScopedPath&) = delete;
-
- private:
-  bool set_, had_old_ = false;
-  std::string old_;
-};
-
-// Sets SPARGE_SM90_VARIANT for one scope (< 0: leave it as the environment has it).
-class ScopedVariant {
- public:
-  explicit ScopedVariant(int v) : set_(v >= 0) {
-    if (!set_) return;
-    const char* old = std::getenv("SPARGE_SM90_VARIANT");
-    had_old_ = old != nullptr;
-    if (had_old_) old_ = old;
-    setenv("SPARGE_SM90_VARIANT", std::to_string(v).c_str(), 1);
-  }
-  ~ScopedVariant() {
-    if (!set_) return;
-    if (had_old_) setenv("SPARGE_SM90_VARIANT", old_.c_str(), 1); else unsetenv("SPARGE_SM90_VARIANT");
-  }
-  ScopedVariant(const ScopedVariant&) = delete;
-  ScopedVariant& operator=(const ScopedVariant&) = delete;
-
- private:
-  bool set_, had_old_ = false;
-  std::string old_;
-};
+// Sets an environment variable for one scope when the case names a value (ScopedEnv); nullptr
+// leaves it as the environment has it (SPARGE_ATTN_PATH, SPARGE_SM90_VARIANT).
+std::optional<ScopedEnv> scoped_env_if(const char* name, const char* value) {
+  if (value == nullptr) return std::nullopt;
+  return std::optional<ScopedEnv>(std::in_place, name, value);
+}
+std::optional<ScopedEnv> scoped_path(const char* path) { return scoped_env_if("SPARGE_ATTN_PATH", path); }
+// SPARGE_SM90_VARIANT = v for one scope (v < 0: left as the environment has it).
+std::optional<ScopedEnv> scoped_variant(int v) {
+  return scoped_env_if("SPARGE_SM90_VARIANT", v >= 0 ? std::to_string(v).c_str() : nullptr);
+}
 
 bool device_is_sm90() {
   int dev = 0, major = 0, minor = 0;
@@ -564,8 +533,8 @@ GpuOut run_gpu(const Problem& p, int repeats = 1, std::vector<std::vector<std::u
   Varlen vl;
   if (c.varlen()) vl = {dcuq.data(), dcuk.data(), p.batch, p.max_sq, p.max_sk};
   Exec ex{Backend::cuda, nullptr, 0};
-  const ScopedPath path(c.path);
-  const ScopedVariant variant(c.variant);
+  const auto path = scoped_path(c.path);
+  const auto variant = scoped_variant(c.variant);
   for (int rep = 0; rep < repeats; ++rep) {
     if (c.o_f32) do32.poison(); else do16.poison();
     dlse.poison();
@@ -783,7 +752,7 @@ void bench_attention() {
     std::array<double, 2> tf = {0, 0};
     const char* paths[2] = {"portable", "sm90"};
     for (int i = 0; i < 2; ++i) {
-      const ScopedPath path(paths[i]);
+      const auto path = scoped_path(paths[i]);
       const double ms = median_ms(call);
       tf[i] = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0;
     }
@@ -1047,7 +1016,7 @@ SPARGE_CASES(AttentionGpuProperties) {
     d.q = make_tensor(buf.data(), DType::f16, {1, 256, 2, 128});
     d.k = d.q; d.v = d.q; d.o = d.q;
     {
-      const ScopedPath path("sm90");
+      const auto path = scoped_path("sm90");
       const Status st = supported(d);
       EXPECT_TRUE(st.ok()) << "sm90 path not available: " << st.message()
                            << " (build with SPARGE_CUDA_ARCHS including 90a)";
