@@ -59,6 +59,15 @@ struct BlockMapParams {
 
 // ---------------------------------------------------------------------------------------------
 // Stage 2: block-sparse flash attention over a LUT.
+// Quantized recipes of block-sparse attention (docs/quantized.md). none: the GEMMs run in the
+// inputs' dtype. fp8: Q, K and V are quantized to fp8 e4m3 with power-of-two scales (Q per row, K per
+// key block of blkk keys after optional K smoothing, V per channel) and both GEMMs run in fp8 with
+// fp32 accumulation (P is rounded to e4m3 too). The CPU backend is its specification: attention in
+// fp64 over the dequantized values. LSE stays that of the original logits (the smoothing shift is
+// added back).
+enum class Recipe : std::uint8_t { none, fp8 };
+const char* to_string(Recipe r);
+
 struct BlockSparseAttentionParams {
   Tensor q, k, v;    // f32 (cpu) / f16 / bf16; all three the same dtype
   Tensor o;          // same dtype as q, or f32
@@ -72,6 +81,8 @@ struct BlockSparseAttentionParams {
   bool is_causal = false;
   // log2 units, as upstream SpargeAttn (its default is 50); empty = never skip a PV product.
   PerHead pv_threshold;
+  Recipe recipe = Recipe::none;
+  bool smooth_k = true;  // fp8 only: quantize K - mean(K) (mean over the sequence, per batch and kv head)
   Exec exec;
 };
 

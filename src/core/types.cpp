@@ -1,4 +1,5 @@
 #include "sparge/types.h"
+#include "sparge/ops.h"
 
 #include <stdexcept>
 
@@ -16,6 +17,7 @@ const char* to_string(DType t) {
 }
 
 const char* to_string(Backend b) { return b == Backend::cpu ? "cpu" : "cuda"; }
+const char* to_string(Recipe r) { return r == Recipe::fp8 ? "fp8" : "none"; }
 
 std::size_t dtype_size(DType t) {
   switch (t) {

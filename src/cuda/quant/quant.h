@@ -1,0 +1,56 @@
+// The fp8 recipe's quantization prepass on the GPU (docs/quantized.md): Q, K, V of one
+// block_sparse_attention call -> e4m3 copies in the layouts the Hopper fp8 kernel loads with TMA,
+// plus their power-of-two dequantization scales. The rule (scale choice, rounding, K smoothing, the
+// V key permutation) is src/quant/quant_rule.h, shared with the CPU specification, so the GPU's
+// bytes equal the CPU's for the same scales and the same K mean.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "sparge/ops.h"
+
+namespace sparge::cuda::quant {
+
+// Device buffers of one call (all contiguous, allocated by the caller; sizes from QuantShape).
+//   q8   e4m3 [B, Hq, Sq, D]          q / q_scale[b, h, i], rounded to nearest even, saturated
+//   k8   e4m3 [B, Hk, Sk, D]          (k - km) / k_scale[b, hk, kb], kb = key / blkk
+//   v8t  e4m3 [B, Hk, D, sk_pad]      V transposed: v8t[b, hk, d, 32 g + c] = v[b, 32 g + perm(c), hk, d]
+//                                     / v_scale[b, hk, d] (keys >= Sk: 0), perm = quant_rule.h's
+//                                     v_key_perm (the wgmma fp8 A-fragment order of P)
+//   q_scale   f32 [B, Hq, Sq]         per row, a power of two (1 for an all-zero row)
+//   k_scale   f32 [B, Hk, NKB]        per key block of blkk keys, NKB = ceil(Sk / blkk)
+//   v_scale   f32 [B, Hk, D]          per channel over the whole sequence
+//   k_mean    f32 [B, Hk, D]          mean of K over the sequence (zeros when smooth_k is off)
+//   lse_shift f32 [B, Hq, Sq]         scale * q . k_mean[b, h / (Hq / Hk)] (natural-log units; 0 when
+//                                     smooth_k is off), added to the kernel's LSE
+struct QuantBuffers {
+  std::uint8_t* q8 = nullptr;
+  std::uint8_t* k8 = nullptr;
+  std::uint8_t* v8t = nullptr;
+  float* q_scale = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+  float* k_mean = nullptr;
+  float* lse_shift = nullptr;
+};
+
+struct QuantShape {
+  std::int64_t b, hq, hk, sq, sk, d;
+  int blkk;
+  std::int64_t sk_pad() const { return (sk + 127) / 128 * 128; }
+  std::int64_t nkb() const { return (sk + blkk - 1) / blkk; }
+  std::int64_t q8_bytes() const { return b * hq * sq * d; }
+  std::int64_t k8_bytes() const { return b * hk * sk * d; }
+  std::int64_t v8t_bytes() const { return b * hk * d * sk_pad(); }
+};
+
+QuantShape quant_shape(const BlockSparseAttentionParams& p);
+
+// Runs the prepass on p.exec.stream (p already validated: f16/bf16 inputs, no varlen). The scratch
+// the kernels need beyond `out` comes from the shared stream-ordered pool. Returns the first CUDA
+// error.
+cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers& out, cudaStream_t stream);
+
+}  // namespace sparge::cuda::quant
