@@ -3,11 +3,16 @@
 // online softmax in fp64: per-token causal masking and key tails inside each block, and the
 // pv_threshold skip decided for the whole query block. The LUT entries were range-checked by
 // detail::validate, so every block read here lies inside its sequence.
+//
+// Recipe fp8 (docs/quantized.md): Q, K, V are quantized by the rule of src/quant/quant_rule.h
+// (src/cpu/quant.h), dequantized to f32, and the same fp64 walk runs over the dequantized tensors
+// (K smoothed); each row's LSE then gets its lse_shift added back (fp64, before rounding to f32).
 #include <algorithm>
 #include <vector>
 
 #include "cpu/attention_common.h"
 #include "cpu/cpu.h"
+#include "cpu/quant.h"
 #include "validate/validate.h"
 
 namespace sparge::cpu {
@@ -21,6 +26,7 @@ struct SparseTask {
   std::int64_t b;  // sequence index (the lut/counts/lse batch index)
   const KvHead& kv;
   double scale;
+  const double* lse_shift;  // [B, Hq, Sq] added to every finite LSE (fp8 recipe), or nullptr
 };
 
 void sparse_query_block(const SparseTask& t, std::int64_t h, std::int64_t qb) {
@@ -91,16 +97,46 @@ void sparse_query_block(const SparseTask& t, std::int64_t h, std::int64_t qb) {
     }
     if (!skip) pv_accumulate(sc.data(), blkk, n, t.kv, j0, nj, acc.data());
   }
-  for (std::int64_t r = 0; r < n; ++r) store_row(p.o, p.maybe_lse, s, t.b, h, i0 + r, acc.data() + r * d, m[r], l[r]);
+  for (std::int64_t r = 0; r < n; ++r) {
+    // store_row's LSE is m + log(l): shifting m shifts the LSE and leaves O and empty rows alone.
+    const double shift = t.lse_shift == nullptr ? 0.0 : t.lse_shift[(t.b * p.q.shape[2] + h) * s.sq + i0 + r];
+    store_row(p.o, p.maybe_lse, s, t.b, h, i0 + r, acc.data() + r * d, m[r] + shift, l[r]);
+  }
+}
+
+void run_sparse(const BlockSparseAttentionParams& p, const double* lse_shift) {
+  const double scale = effective_scale(p.scale, p.q.shape[3]);
+  for_each_query_tile(p.q, p.k, p.v, p.varlen, p.blkq, p.exec.cpu_threads,
+                      [&](const Seq& s, std::int64_t b, std::int64_t h, std::int64_t qb, const KvHead& kv) {
+                        sparse_query_block(SparseTask{p, s, b, kv, scale, lse_shift}, h, qb);
+                      });
+}
+
+// The fp8 recipe (no varlen: rejected by validation): quantize, dequantize to contiguous f32, and
+// run the same walk with the LSE shift. The scale of the walk is the caller's (p.scale or
+// 1/sqrt(D)), unchanged by quantization.
+void run_sparse_fp8(const BlockSparseAttentionParams& p) {
+  const int threads = p.exec.cpu_threads;
+  const double scale = effective_scale(p.scale, p.q.shape[3]);
+  std::vector<float> km = p.smooth_k ? k_mean_host(p.k, threads)
+                                     : std::vector<float>(static_cast<size_t>(p.k.shape[0] * p.k.shape[2] * p.k.shape[3]), 0.0f);
+  const QuantHost qh = quantize_host(p.q, p.k, p.v, p.blkk, p.smooth_k, scale, std::move(km), threads);
+  Dequantized dq = dequantize_host(qh, threads);
+  BlockSparseAttentionParams pd = p;
+  pd.recipe = Recipe::none;
+  pd.q = make_tensor(dq.q.data(), DType::f32, {qh.b, qh.sq, qh.hq, qh.d});
+  pd.k = make_tensor(dq.k.data(), DType::f32, {qh.b, qh.sk, qh.hk, qh.d});
+  pd.v = make_tensor(dq.v.data(), DType::f32, {qh.b, qh.sk, qh.hk, qh.d});
+  run_sparse(pd, qh.lse_shift.data());
 }
 }  // namespace
 
 Status block_sparse_attention(const BlockSparseAttentionParams& p) {
-  const double scale = effective_scale(p.scale, p.q.shape[3]);
-  for_each_query_tile(p.q, p.k, p.v, p.varlen, p.blkq, p.exec.cpu_threads,
-                      [&](const Seq& s, std::int64_t b, std::int64_t h, std::int64_t qb, const KvHead& kv) {
-                        sparse_query_block(SparseTask{p, s, b, kv, scale}, h, qb);
-                      });
+  if (p.recipe == Recipe::fp8) {
+    run_sparse_fp8(p);
+  } else {
+    run_sparse(p, nullptr);
+  }
   return {};
 }
 

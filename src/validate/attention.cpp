@@ -74,6 +74,12 @@ Status validate(const BlockSparseAttentionParams& p) {
   SPARGE_RETURN_IF_ERROR(check_block_size("blkq", p.blkq));
   SPARGE_RETURN_IF_ERROR(check_block_size("blkk", p.blkk));
   SPARGE_RETURN_IF_ERROR(check_scale(kSparse, p.scale));
+  if (p.recipe != Recipe::none && p.recipe != Recipe::fp8) {
+    return bad(kSparse, "recipe = ", static_cast<int>(p.recipe), " is out of range (expected Recipe::none or Recipe::fp8)");
+  }
+  if (p.recipe == Recipe::fp8 && p.varlen.enabled()) {
+    return unsupported(cat(kSparse, ": recipe = fp8 with varlen is not supported"));
+  }
   const Dims d = attention_dims(p.q, p.k, p.varlen);
   // Thresholds must be > 0: with 0 (or less) a row's first visible block, whose max equals the
   // running max, would pass the test and lose its values.
