@@ -101,11 +101,11 @@ SPARGE_QUANT_HD float e4m3_to_float(std::uint8_t c) {
   return bits_float(sign | ((e + 120u) << 23) | (m << 20));
 }
 
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDACC__)
 // Two values into two e4m3 bytes, lo at the lower address (little endian: the low byte). PTX
 // `cvt.rn.satfinite.e4m3x2.f32 d, a, b` puts a in the upper byte, so hi goes first.
 __device__ __forceinline__ std::uint16_t e4m3x2_device(float lo, float hi) {
-#if __CUDA_ARCH__ >= 890
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   std::uint16_t r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
   return r;

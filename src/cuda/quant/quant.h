@@ -48,9 +48,17 @@ struct QuantShape {
 
 QuantShape quant_shape(const BlockSparseAttentionParams& p);
 
-// Runs the prepass on p.exec.stream (p already validated: f16/bf16 inputs, no varlen). The scratch
-// the kernels need beyond `out` comes from the shared stream-ordered pool. Returns the first CUDA
-// error.
+// Runs the prepass on `stream` (p already validated: f16/bf16 inputs, no varlen). Head dims 64
+// and 128, blkk 64 or 128; anything else returns cudaErrorInvalidValue before any launch. The
+// output pointers must be 16-byte aligned (the kernels store 8 and 4 bytes at a time). The
+// scratch the kernels need beyond `out` (about B * Hk * ceil(Sk / 128) * D * 8 bytes of fp64
+// partial sums with smooth_k) comes from the shared stream-ordered pool. Deterministic: the same
+// bytes on every launch, whatever SPARGE_QUANT_GROUP says. Returns the first CUDA error.
 cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers& out, cudaStream_t stream);
+
+// Test hook: compares the rule's software e4m3 encoder with the device's conversion instruction
+// (cvt.rn.satfinite.e4m3x2.f32, sm_89 and later) over all 2^32 floats on the current device,
+// synchronously. On older devices the device path is the software encoder itself (vacuous).
+cudaError_t e4m3_device_check(unsigned long long* mismatches, std::uint32_t* first_bad);
 
 }  // namespace sparge::cuda::quant
