@@ -18,6 +18,7 @@
 #include "cuda/attention/sm90/launch.h"
 #include "cuda/attention/sm90/tensor_map.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/quant/quant.h"
 #include "cuda/scratch_pool.h"
 #include "validate/validate.h"
 
@@ -77,6 +78,21 @@ const Sm90Variant kSm90Variants[] = {SPARGE_SM90_VARIANTS_OF(DType::f16, __half)
 
 #undef SPARGE_SM90_VARIANTS_OF
 #undef SPARGE_SM90_VARIANT
+
+// The fp8 recipe's kernels (sm90/inst/sm90_fp8_*): head dim 128, BLKQ 128; the dtype is the inputs'
+// (and the output's, unless o is f32).
+struct Fp8Variant {
+  DType dtype;
+  int blkk;
+  AttributesFn attributes;
+  Sm90LaunchFn launch;
+};
+#define SPARGE_FP8_VARIANT(dt, ty, bk) \
+  Fp8Variant{dt, bk, &attn::sm90::KernelFp8<ty, 128, bk>::attributes, &attn::sm90::KernelFp8<ty, 128, bk>::launch}
+const Fp8Variant kFp8Variants[] = {SPARGE_FP8_VARIANT(DType::f16, __half, 64), SPARGE_FP8_VARIANT(DType::f16, __half, 128),
+                                   SPARGE_FP8_VARIANT(DType::bf16, __nv_bfloat16, 64),
+                                   SPARGE_FP8_VARIANT(DType::bf16, __nv_bfloat16, 128)};
+#undef SPARGE_FP8_VARIANT
 
 // Dense attention's tile: 128 query rows (8 warps) and 64-key tiles, FA2's forward shape for both
 // head dims (docs/attention_portable.md). A tuning choice: it changes speed, never results beyond
@@ -330,44 +346,174 @@ Status select_dense(const DenseAttentionParams& p, Selection* out) {
   return select(dense_problem(p), out);
 }
 
-}  // namespace
 
-Status supported(const BlockSparseAttentionParams& p) {
-  Selection sel;
-  return select(sparse_problem(p), &sel);
-}
-
-Status block_sparse_attention(const BlockSparseAttentionParams& p) {
-  Selection sel;
-  const Problem pb = sparse_problem(p);
-  SPARGE_RETURN_IF_ERROR(select(pb, &sel));
-  KernelParams kp = make_params(pb, sel, p.scale, p.is_causal);
+// The LUT and pv_threshold parts of a sparse call's KernelParams. pv_threshold: one value travels in
+// the params; Hq values go to a stream-ordered device copy (*thr_dev, to be freed by the caller behind
+// the kernel on the same stream).
+Status fill_sparse(const BlockSparseAttentionParams& p, KernelParams& kp, float** thr_dev, cudaStream_t stream) {
   kp.lut = p.lut.ptr<const std::int32_t>();
   kp.counts = p.counts.ptr<const std::int32_t>();
   for (int i = 0; i < 4; ++i) kp.lut_stride[i] = p.lut.stride[i];
   for (int i = 0; i < 3; ++i) kp.counts_stride[i] = p.counts.stride[i];
   kp.nk_lut = static_cast<int>(p.lut.shape[3]);
+  *thr_dev = nullptr;
+  if (p.pv_threshold.empty()) return {};
+  kp.use_pv_threshold = true;
+  if (p.pv_threshold.size() == 1) {
+    kp.pv_threshold = p.pv_threshold[0];
+    return {};
+  }
+  const std::size_t bytes = p.pv_threshold.size() * sizeof(float);
+  if (scratch_alloc(reinterpret_cast<void**>(thr_dev), bytes, stream) != cudaSuccess ||
+      cudaMemcpyAsync(*thr_dev, p.pv_threshold.data(), bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) {
+    const cudaError_t err = cudaGetLastError();
+    if (*thr_dev != nullptr) cudaFreeAsync(*thr_dev, stream);
+    *thr_dev = nullptr;
+    return runtime_error(detail::cat("block_sparse_attention: copying pv_threshold to the device failed: ",
+                                     cudaGetErrorString(err)));
+  }
+  kp.pv_threshold_per_head = *thr_dev;
+  return {};
+}
+
+// The fp8 recipe (docs/quantized.md): the quantization prepass (cuda/quant), then the sm90 fp8
+// kernel on its outputs. Only the Hopper kernel has it: anything it cannot run is `unsupported`,
+// never a silent fp16 run.
+Status select_fp8(const BlockSparseAttentionParams& p, const Fp8Variant** out) {
+  constexpr const char* op = "block_sparse_attention";
+  if (requested_path() == Path::portable) {
+    return unsupported(detail::cat(op, ": recipe = fp8 runs only on the sm90 kernel (SPARGE_ATTN_PATH=portable)"));
+  }
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return unsupported(detail::cat(op, ": no CUDA device"));
+  if (!attn::sm90::image_available(dev)) {
+    return unsupported(detail::cat(op, ": recipe = fp8 needs an sm_90 device and a build with SPARGE_CUDA_ARCHS including 90a"));
+  }
+  if (p.varlen.enabled()) return unsupported(detail::cat(op, ": recipe = fp8 with varlen is not supported"));
+  if (p.q.shape[3] != 128) {
+    return unsupported(detail::cat(op, ": recipe = fp8 supports head dim 128 on cuda (got ", p.q.shape[3], ")"));
+  }
+  if (p.blkq != 128) {
+    return unsupported(detail::cat(op, ": recipe = fp8 supports blkq = 128 on cuda (got blkq = ", p.blkq, ")"));
+  }
+  if (p.q.dtype != DType::f16 && p.q.dtype != DType::bf16) {
+    return unsupported(detail::cat(op, ": q.dtype = ", to_string(p.q.dtype), " is not supported on cuda (f16, bf16)"));
+  }
+  if (p.o.dtype != p.q.dtype && p.o.dtype != DType::f32) {
+    return unsupported(detail::cat(op, ": o.dtype = ", to_string(p.o.dtype), " is not supported on cuda (",
+                                   to_string(p.q.dtype), " or f32)"));
+  }
+  SPARGE_RETURN_IF_ERROR(check_rows(op, "o", p.o));
+  const detail::Dims dims = detail::attention_dims(p.q, p.k, p.varlen);
+  if (num_blocks(dims.sq, p.blkq) * dims.hq * dims.batch > std::numeric_limits<int>::max() ||
+      dims.sq > std::numeric_limits<int>::max() / 2 || dims.sk > std::numeric_limits<int>::max() / 2) {
+    return unsupported(detail::cat(op, ": the problem exceeds the cuda grid or sequence limits (Sq = ", dims.sq,
+                                   ", Sk = ", dims.sk, ")"));
+  }
+  const Fp8Variant* chosen = nullptr;
+  for (const Fp8Variant& v : kFp8Variants) {
+    if (v.dtype == p.q.dtype && v.blkk == p.blkk) chosen = &v;
+  }
+  if (chosen == nullptr) return unsupported(detail::cat(op, ": recipe = fp8: blkk = ", p.blkk, " has no kernel"));
+  cudaFuncAttributes attr{};
+  if (chosen->attributes(&attr) != cudaSuccess) {
+    cudaGetLastError();
+    return unsupported(detail::cat(op, ": this build has no sm90 fp8 kernel image for device ", dev));
+  }
+  *out = chosen;
+  return {};
+}
+
+Status run_fp8(const BlockSparseAttentionParams& p) {
+  constexpr const char* op = "block_sparse_attention";
+  const Fp8Variant* kern = nullptr;
+  SPARGE_RETURN_IF_ERROR(select_fp8(p, &kern));
+  const Problem pb = sparse_problem(p);
+  Selection sel;
+  sel.path = Path::sm90;
+  sel.blkq = p.blkq;
+  sel.blkk = p.blkk;
+  KernelParams kp = make_params(pb, sel, p.scale, p.is_causal);
+  const std::int64_t tiles = static_cast<std::int64_t>(kp.nq) * kp.hq * kp.batch;
+  if (tiles == 0) return {};
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
 
-  // pv_threshold: one value travels in the params; Hq values go to a stream-ordered device copy
-  // that is freed behind the kernel on the same stream.
-  float* thr_dev = nullptr;
-  if (!p.pv_threshold.empty()) {
-    kp.use_pv_threshold = true;
-    if (p.pv_threshold.size() == 1) {
-      kp.pv_threshold = p.pv_threshold[0];
-    } else {
-      const std::size_t bytes = p.pv_threshold.size() * sizeof(float);
-      if (scratch_alloc(reinterpret_cast<void**>(&thr_dev), bytes, stream) != cudaSuccess ||
-          cudaMemcpyAsync(thr_dev, p.pv_threshold.data(), bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) {
-        const cudaError_t err = cudaGetLastError();
-        if (thr_dev != nullptr) cudaFreeAsync(thr_dev, stream);
-        return runtime_error(detail::cat("block_sparse_attention: copying pv_threshold to the device failed: ",
-                                         cudaGetErrorString(err)));
-      }
-      kp.pv_threshold_per_head = thr_dev;
-    }
+  // One scratch allocation for the prepass's buffers, each 256-byte aligned.
+  const quant::QuantShape qs = quant::quant_shape(p);
+  const auto align = [](std::int64_t n) { return (n + 255) / 256 * 256; };
+  const std::int64_t n_q = align(qs.q8_bytes()), n_k = align(qs.k8_bytes()), n_v = align(qs.v8t_bytes());
+  const std::int64_t n_rows = align(qs.b * qs.hq * qs.sq * 4), n_kb = align(qs.b * qs.hk * qs.nkb() * 4),
+                     n_ch = align(qs.b * qs.hk * qs.d * 4);
+  const std::int64_t total = n_q + n_k + n_v + 2 * n_rows + n_kb + 2 * n_ch;
+  unsigned char* scratch = nullptr;
+  if (scratch_alloc(reinterpret_cast<void**>(&scratch), static_cast<std::size_t>(total), stream) != cudaSuccess) {
+    const cudaError_t err = cudaGetLastError();
+    return runtime_error(detail::cat(op, ": allocating ", total, " bytes for the fp8 prepass failed: ", cudaGetErrorString(err)));
   }
+  quant::QuantBuffers qb;
+  unsigned char* at = scratch;
+  const auto take = [&at](std::int64_t n) {
+    unsigned char* r = at;
+    at += n;
+    return r;
+  };
+  qb.q8 = take(n_q);
+  qb.k8 = take(n_k);
+  qb.v8t = take(n_v);
+  qb.q_scale = reinterpret_cast<float*>(take(n_rows));
+  qb.lse_shift = reinterpret_cast<float*>(take(n_rows));
+  qb.k_scale = reinterpret_cast<float*>(take(n_kb));
+  qb.v_scale = reinterpret_cast<float*>(take(n_ch));
+  qb.k_mean = reinterpret_cast<float*>(take(n_ch));
+
+  float* thr_dev = nullptr;
+  const Status st = [&]() -> Status {
+    attn::sm90::Sm90Params sp;
+    if (!attn::sm90::encode_fp8_rows_map(&sp.q_map, qb.q8, qs.b, qs.hq, qs.sq, 128) ||
+        !attn::sm90::encode_fp8_rows_map(&sp.k_map, qb.k8, qs.b, qs.hk, qs.sk, p.blkk) ||
+        !attn::sm90::encode_fp8_vt_map(&sp.v_map, qb.v8t, qs.b, qs.hk, qs.sk_pad())) {
+      return runtime_error(detail::cat(op, ": encoding the fp8 TMA tensor maps failed"));
+    }
+    if (const cudaError_t err = quant::quantize_qkv(p, qb, stream); err != cudaSuccess) {
+      return runtime_error(detail::cat(op, ": the fp8 quantization prepass failed: ", cudaGetErrorString(err)));
+    }
+    SPARGE_RETURN_IF_ERROR(fill_sparse(p, kp, &thr_dev, stream));
+    sp.p = kp;
+    sp.q_scale = qb.q_scale;
+    sp.k_scale = qb.k_scale;
+    sp.v_scale = qb.v_scale;
+    sp.lse_shift = p.smooth_k ? qb.lse_shift : nullptr;
+    sp.nkb = static_cast<int>(qs.nkb());
+    if (const cudaError_t err = kern->launch(sp, static_cast<int>(tiles), stream); err != cudaSuccess) {
+      return runtime_error(detail::cat(op, ": fp8 kernel launch failed: ", cudaGetErrorString(err)));
+    }
+    return {};
+  }();
+  if (thr_dev != nullptr) cudaFreeAsync(thr_dev, stream);
+  cudaFreeAsync(scratch, stream);
+  return st;
+}
+
+}  // namespace
+
+Status supported(const BlockSparseAttentionParams& p) {
+  if (p.recipe == Recipe::fp8) {
+    const Fp8Variant* kern = nullptr;
+    return select_fp8(p, &kern);
+  }
+  Selection sel;
+  return select(sparse_problem(p), &sel);
+}
+
+Status block_sparse_attention(const BlockSparseAttentionParams& p) {
+  if (p.recipe == Recipe::fp8) return run_fp8(p);
+  Selection sel;
+  const Problem pb = sparse_problem(p);
+  SPARGE_RETURN_IF_ERROR(select(pb, &sel));
+  KernelParams kp = make_params(pb, sel, p.scale, p.is_causal);
+  auto stream = static_cast<cudaStream_t>(p.exec.stream);
+  float* thr_dev = nullptr;
+  SPARGE_RETURN_IF_ERROR(fill_sparse(p, kp, &thr_dev, stream));
   const Status st = launch(pb, sel, kp, stream);
   if (thr_dev != nullptr) cudaFreeAsync(thr_dev, stream);
   return st;

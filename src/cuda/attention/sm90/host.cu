@@ -112,6 +112,39 @@ bool encode_tensor_map(CUtensorMap* out, const Tensor& t, int box_rows) {
   return r == CUDA_SUCCESS;
 }
 
+namespace {
+// A 4-D map of a contiguous byte tensor [d3, d2, d1, d0] (d0 innermost) with the given box.
+bool encode_bytes_map(CUtensorMap* out, const void* base, const std::uint64_t (&dims)[4], std::uint32_t box0,
+                      std::uint32_t box1, CUtensorMapSwizzle swizzle) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint64_t d[4] = {dims[0], dims[1], dims[2], dims[3]};
+  const cuuint64_t strides[3] = {dims[0], dims[0] * dims[1], dims[0] * dims[1] * dims[2]};
+  for (const cuuint64_t st : strides) {
+    if (st % 16 != 0 || st >= (1ull << 40)) return false;
+  }
+  const cuuint32_t box[4] = {box0, box1, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = fn(out, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(base), d, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+}  // namespace
+
+bool encode_fp8_rows_map(CUtensorMap* out, const void* base, std::int64_t b, std::int64_t h, std::int64_t s,
+                         int box_rows) {
+  const std::uint64_t dims[4] = {128, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(h),
+                                 static_cast<std::uint64_t>(b)};
+  return encode_bytes_map(out, base, dims, 128, static_cast<std::uint32_t>(box_rows), CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+bool encode_fp8_vt_map(CUtensorMap* out, const void* base, std::int64_t b, std::int64_t hk, std::int64_t sk_pad) {
+  const std::uint64_t dims[4] = {static_cast<std::uint64_t>(sk_pad), 128, static_cast<std::uint64_t>(hk),
+                                 static_cast<std::uint64_t>(b)};
+  return encode_bytes_map(out, base, dims, 64, 128, CU_TENSOR_MAP_SWIZZLE_64B);
+}
+
 }  // namespace sparge::cuda::attn::sm90
 
 namespace sparge::cuda::attn::sm90 {

@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention/block_iter.cuh"
 #include "cuda/attention/params.h"
@@ -38,9 +39,15 @@ namespace sparge::cuda::attn::sm90 {
 // any two entries of the row (consecutive in LUT order, not necessarily adjacent keys), loaded as
 // two TMA boxes into the two 64-row halves of one 128-key stage and computed by the 128-key
 // wgmmas; an odd count ends with a half tile (second half masked, PV over the first 64 keys).
-template <class T_, int HD_, int BLKQ_, int BLKK_, bool PAIR_ = false>
+// FP8_: the fp8 recipe (docs/quantized.md): Q, K (rows of 128 bytes at head dim 128) and V^T in
+// e4m3, both GEMMs with k = 32; T_ is then the output dtype only.
+template <class T_, int HD_, int BLKQ_, int BLKK_, bool PAIR_ = false, bool FP8_ = false>
 struct Traits {
   using T = T_;
+  static constexpr bool kFp8 = FP8_;
+  using MmaT = std::conditional_t<FP8_, E4M3, T_>;  // the wgmma input type
+  static constexpr int kElem = FP8_ ? 1 : 2;         // bytes per Q/K/V element in shared memory
+  static_assert(!FP8_ || (HD_ == 128 && BLKQ_ == 128), "the fp8 kernel is head dim 128, BLKQ 128");
   static constexpr int kHeadDim = HD_;
   static constexpr int kBlockQ = BLKQ_;
   static constexpr int kBlockK = BLKK_;              // keys of one LUT block
@@ -50,21 +57,23 @@ struct Traits {
   static constexpr int kConsumers = consumer_warpgroups(BLKQ_);
   static constexpr int kThreads = threads_per_cta(BLKQ_);
   static constexpr int kMinBlocks = ctas_per_sm(BLKQ_);
-  static constexpr int kStages = stages(HD_, BLKQ_, kTileK);
-  static constexpr int kSmemBytes = smem_bytes(HD_, BLKQ_, kTileK);
-  static constexpr int kSlabs = HD_ / 64;            // 64-column (128-byte) slabs per row
+  static constexpr int kStages = stages(HD_, BLKQ_, kTileK, kElem);
+  static constexpr int kSmemBytes = smem_bytes(HD_, BLKQ_, kTileK, kElem);
+  static constexpr int kSlabs = HD_ * kElem / 128;   // 128-byte column slabs per row
   static constexpr int kQSlab = BLKQ_ * 128;         // bytes of one slab of the Q tile
   static constexpr int kKVSlab = kTileK * 128;       // bytes of one slab of a K or V stage
   static constexpr int kBlockSlab = BLKK_ * 128;     // bytes of one LUT block within a slab
-  static constexpr int kQBytes = q_bytes(HD_, BLKQ_);
-  static constexpr int kKVBytes = kv_bytes(HD_, kTileK);
-  static constexpr int kBlockBytes = kv_bytes(HD_, BLKK_);  // one LUT block of K (or V), all slabs
+  static constexpr int kQBytes = q_bytes(HD_, BLKQ_, kElem);
+  static constexpr int kKVBytes = kv_bytes(HD_, kTileK, kElem);
+  static constexpr int kBlockBytes = kv_bytes(HD_, BLKK_, kElem);  // one LUT block of K (or V), all slabs
+  // fp8: a V stage is V^T in sub-tiles of HD rows x 64 keys (64 bytes per row, 64-byte swizzle).
+  static constexpr int kVSub = HD_ * 64;
   // Register tiles of one consumer warp (as in the portable kernel's Traits).
   static constexpr int kDTiles = HD_ / 8;
   static constexpr int kKTiles = kTileK / 8;
   static constexpr int kBlockKTiles = PAIR_ ? BLKK_ / 8 : kKTiles;  // score tiles of the first block
-  static constexpr int kDSteps = HD_ / 16;
-  static constexpr int kKSteps = kTileK / 16;
+  static constexpr int kDSteps = HD_ * kElem / 32;          // k-steps of QK^T (32 bytes of a row each)
+  static constexpr int kKSteps = kTileK / (FP8_ ? 32 : 16);  // k-steps of PV (keys)
   // setmaxnreg budgets: the CTA's registers are threads * (65536 / (threads * CTAs per SM)),
   // rounded down to 8; the producer keeps 24 and the consumers share the rest.
   static constexpr int kProducerRegs = 24;
@@ -76,7 +85,9 @@ struct Traits {
   static_assert(kStages >= 1 && kSmemBytes <= smem_budget(BLKQ_), "shared-memory plan does not fit");
   // Kernels the launcher may run in clusters of 2 with K/V multicast (kVariantClusterKV: BLKQ 128,
   // head dim 128, unpaired tiles; dense only); every other kernel drops the run-time multicast checks.
-  static constexpr bool kMayMulticast = !PAIR_ && BLKQ_ == 128 && HD_ == 128;
+  static constexpr bool kMayMulticast = !PAIR_ && BLKQ_ == 128 && HD_ == 128 && !FP8_;
+  // Score tiles of a 64-key half of the stage (fp8: the halves may carry different K scales).
+  static constexpr int kHalfTiles = 8;
 };
 
 // The consumers' walk of the key blocks a query block visits, one warp together: the sequence of
@@ -286,10 +297,19 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (h == 1 && blocks == 1) break;
+      if constexpr (Tr::kFp8) {
+        // V^T: the block's keys in 64-key sub-tiles (columns of v8t), sub-tile h * (BLKK / 64) + c.
 #pragma unroll
-      for (int s = 0; s < Tr::kSlabs; ++s) {
-        load_kv_slab<Tr>(P, sm.ptr(sm.v(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.v_map, s,
-                         kt.kb[h] * Tr::kBlockK, t, sm.v_full(st));
+        for (int c = 0; c < Tr::kBlockK / 64; ++c) {
+          tma_load_4d(sm.ptr(sm.v(st) + (h * (Tr::kBlockK / 64) + c) * Tr::kVSub), &P.v_map,
+                      kt.kb[h] * Tr::kBlockK + 64 * c, 0, t.hk, t.b_dim0, sm.v_full(st));
+        }
+      } else {
+#pragma unroll
+        for (int s = 0; s < Tr::kSlabs; ++s) {
+          load_kv_slab<Tr>(P, sm.ptr(sm.v(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.v_map, s,
+                           kt.kb[h] * Tr::kBlockK, t, sm.v_full(st));
+        }
       }
     }
   }
@@ -336,6 +356,8 @@ struct Consumer {
   std::uint32_t pa[Tr::kKSteps][4];  // P of the previous block, the A operand of its PV
   float m[2];  // running max of the two rows (log2 units), -inf before the first key
   float l[2];  // this thread's partial denominators (the quad's are summed in the epilogue)
+  // fp8: scale * log2(e) * the row's Q dequantization scale (the K block's is applied per tile).
+  float row_scale[2];
 
   __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, const Tile& t_, int cw_, int tid,
                                       const Sm90Params& P_)
@@ -352,6 +374,15 @@ struct Consumer {
     const float thr = p.pv_threshold_per_head != nullptr ? p.pv_threshold_per_head[t.h] : p.pv_threshold;
 #pragma unroll
     for (int r = 0; r < 2; ++r) pv_thr[r] = row_in_seq[r] < t.sq ? thr : -INFINITY;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_scale[r] = p.scale_log2;
+      if constexpr (Tr::kFp8) {
+        if (row_in_seq[r] < t.sq) {
+          row_scale[r] *= __ldg(P_.q_scale + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r]);
+        }
+      }
+    }
     // A LUT block kb (keys kb * n .. kb * n + n - 1, n = kBlockK) crosses sk when kb * n + n > sk,
     // i.e. kb >= sk / n; it crosses the causal diagonal of this warpgroup's first row
     // (bound = wg_row0 + sk - sq) when kb * n + n - 1 > bound, i.e. kb * n > x = bound - n + 1:
@@ -406,18 +437,27 @@ struct Consumer {
     const DescBase kd = k_major_base(sm.k(st));
 #pragma unroll
     for (int ks = 0; ks < Tr::kDSteps; ++ks) {
-      Wgmma<T, Tr::kTileK>::ss(s, qd.at(k_major_offset(Tr::kQSlab, ks)), kd.at(k_major_offset(Tr::kKVSlab, ks)),
-                               ks > 0);
+      Wgmma<typename Tr::MmaT, Tr::kTileK>::ss(s, qd.at(k_major_offset(Tr::kQSlab, ks)),
+                                               kd.at(k_major_offset(Tr::kKVSlab, ks)), ks > 0);
     }
     wgmma_commit();
   }
   // O += P_{i-1} V_{i-1} over the 16-key steps [kFrom, kTo) of the stage, one commit group.
+  // fp8: V^T sub-tile kk / 2 (64 keys), its 32-byte k-step kk % 2.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void issue_pv_steps(int st) {
-    const DescBase vd = mn_major_base(sm.v(st), Tr::kKVSlab);
+    if constexpr (Tr::kFp8) {
+      const DescBase vd = k_major_base_sw64(sm.v(st));
 #pragma unroll
-    for (int kk = kFrom; kk < kTo; ++kk) {
-      Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], vd.at(mn_major_offset(kk)));
+      for (int kk = kFrom; kk < kTo; ++kk) {
+        Wgmma<E4M3, Tr::kHeadDim>::rs(o, pa[kk], vd.at((kk / 2) * Tr::kVSub + (kk % 2) * 32));
+      }
+    } else {
+      const DescBase vd = mn_major_base(sm.v(st), Tr::kKVSlab);
+#pragma unroll
+      for (int kk = kFrom; kk < kTo; ++kk) {
+        Wgmma<T, Tr::kHeadDim>::rs(o, pa[kk], vd.at(mn_major_offset(kk)));
+      }
     }
     wgmma_commit();
   }
@@ -576,8 +616,10 @@ struct Consumer {
   // m0 = x0 and the row fails both ways (the thread holding x0 gets (x0 - x0) + thr = thr > 0
   // against m0 and (x0 - m) + thr > 0 against m), so the decisions are those of the definition.
   template <int kVote, bool kMask>
-  __device__ __forceinline__ int softmax_step(int k0a, int k0b, float (&alpha)[2], std::uint32_t seq) {
+  __device__ __forceinline__ int softmax_step(int k0a, int k0b, float (&alpha)[2], std::uint32_t seq,
+                                              const float (&ksc)[2]) {
     if constexpr (kMask) mask_scores(k0a, k0b);
+    if constexpr (Tr::kFp8) return softmax_step_fp8<kVote>(k0b, alpha, seq, ksc);
     const float scale = p.scale_log2;
     constexpr bool kSplit = Tr::kPair && kVote == kVoteWarp;
     float m_old[2];
@@ -627,7 +669,8 @@ struct Consumer {
   // Masked only where the tile needs it (a real branch: with the mask if-converted every block
   // pays two instructions per score). A half tile (kb[1] < 0 in the paired kernel) always does.
   template <int kVote>
-  __device__ __forceinline__ int softmax_step(const KeyTile& kt, float (&alpha)[2], std::uint32_t seq) {
+  __device__ __forceinline__ int softmax_step(const KeyTile& kt, float (&alpha)[2], std::uint32_t seq,
+                                              const float (&ksc)[2]) {
     const int k0a = kt.kb[0] * Tr::kBlockK;
     bool need_mask;
     int k0b = kNoKeys;
@@ -639,8 +682,73 @@ struct Consumer {
     } else {
       need_mask = kt.kb[0] >= mask_from;
     }
-    if (uniform(need_mask)) return softmax_step<kVote, true>(k0a, k0b, alpha, seq);
-    return softmax_step<kVote, false>(k0a, k0b, alpha, seq);
+    if (uniform(need_mask)) return softmax_step<kVote, true>(k0a, k0b, alpha, seq, ksc);
+    return softmax_step<kVote, false>(k0a, k0b, alpha, seq, ksc);
+  }
+
+  // The fp8 recipe's online softmax (already masked): logit = acc * row_scale * k_scale (log2 units),
+  // the two 64-key halves of a 128-key tile scaled by their own LUT block's K scale (paired tiles;
+  // one block of 128 keys has the same scale in both). Row maxima per half, scaled, then maxed
+  // (each scale > 0, so this is the max of the scaled logits). P = 2^(logit - max + 8): the
+  // largest probability is 256, well inside e4m3 (448), and probabilities down to 2^-17 of the max
+  // stay normal e4m3 numbers; O and l carry the same factor 256, the LSE subtracts it
+  // (store_rows_fp8). pv_threshold as softmax_step: per half against the old / new running max
+  // (paired), or the tile's max against the new running max (one block per tile).
+  template <int kVote>
+  __device__ __forceinline__ int softmax_step_fp8(int k0b, float (&alpha)[2], std::uint32_t seq,
+                                                  const float (&ksc)[2]) {
+    constexpr bool kHalves = Tr::kKTiles > Tr::kHalfTiles;
+    float c[2][2];
+    float m_old[2];
+    bool ok0 = true, ok1 = true;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      c[r][0] = row_scale[r] * ksc[0];
+      c[r][1] = row_scale[r] * ksc[1];
+      m_old[r] = m[r];
+      if constexpr (kHalves) {
+        const float x0 = raw_max<0, Tr::kHalfTiles>(r) * c[r][0];
+        const float x1 = raw_max<Tr::kHalfTiles, Tr::kKTiles>(r) * c[r][1];
+        m[r] = fmaxf(m[r], quad_max(fmaxf(x0, x1)));
+        if constexpr (kVote != kVoteOff) {
+          if constexpr (Tr::kPair) {
+            ok0 &= pv_skippable(x0, m_old[r], pv_thr[r]);
+            ok1 &= pv_skippable(x1, m[r], pv_thr[r]);
+          } else {
+            ok0 &= pv_skippable(fmaxf(x0, x1), m[r], pv_thr[r]);
+          }
+        }
+      } else {
+        const float x = raw_max<0, Tr::kKTiles>(r) * c[r][0];
+        m[r] = fmaxf(m[r], quad_max(x));
+        if constexpr (kVote != kVoteOff) ok0 &= pv_skippable(x, m[r], pv_thr[r]);
+      }
+    }
+    int vote = 0;
+    if constexpr (kVote == kVoteWarp) {
+      if (!Tr::kPair || k0b == kNoKeys) ok1 = false;
+      vote = warp_vote(ok0, ok1, seq);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_use = m[r] == -INFINITY ? 0.0f : m[r];
+      alpha[r] = ex2(m_old[r] - m_use);
+      const float neg = 8.0f - m_use;
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < Tr::kKTiles; ++j) {
+        const float cj = j < Tr::kHalfTiles ? c[r][0] : c[r][1];
+        s[j][2 * r] = ex2(fmaf(s[j][2 * r], cj, neg));
+        s[j][2 * r + 1] = ex2(fmaf(s[j][2 * r + 1], cj, neg));
+        sum0 += s[j][2 * r];
+        sum1 += s[j][2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + (sum0 + sum1);
+    }
+    if constexpr (kVote == kVoteLegacy) {
+      vote = uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, ok0)) != 0 ? 1 : 0;
+    }
+    return vote;
   }
 
   // O *= alpha, skipped when no row of the warp changed its max (alpha == 1 exactly: ex2(0)),
@@ -655,12 +763,26 @@ struct Consumer {
         o[j][3] *= alpha[1];
       }
     }
+    if constexpr (Tr::kFp8) {
+      // 32 keys per k-step: score tiles 4 kk .. 4 kk + 3 (8 keys each). This thread holds keys 2 t,
+      // 2 t + 1 of each; packed in tile order, its fragment's k = 4 t + i is key
+      // 8 (i / 2) + 2 t + i % 2 (+ 16 for a[2], a[3]): the V^T columns are stored in that order
+      // (quant_rule.h, v_key_perm), so no register moves are needed.
 #pragma unroll
-    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
-      pa[kk][0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        pa[kk][0] = pack_e4m3x4(s[4 * kk][0], s[4 * kk][1], s[4 * kk + 1][0], s[4 * kk + 1][1]);
+        pa[kk][1] = pack_e4m3x4(s[4 * kk][2], s[4 * kk][3], s[4 * kk + 1][2], s[4 * kk + 1][3]);
+        pa[kk][2] = pack_e4m3x4(s[4 * kk + 2][0], s[4 * kk + 2][1], s[4 * kk + 3][0], s[4 * kk + 3][1]);
+        pa[kk][3] = pack_e4m3x4(s[4 * kk + 2][2], s[4 * kk + 2][3], s[4 * kk + 3][2], s[4 * kk + 3][3]);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        pa[kk][0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
     }
   }
 
@@ -668,6 +790,17 @@ struct Consumer {
   // results) are broadcast from lane 0: a wgmma under a branch ptxas considers divergent gets
   // serialized (ptxas C7520: a wait after every wgmma).
   static __device__ __forceinline__ int uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+  // fp8: the K dequantization scales of the tile's LUT blocks (the second = the first when the tile
+  // has one block); loaded when the tile is fetched, used after its QK^T. 1 otherwise (unused).
+  __device__ __forceinline__ void k_scales(const KeyTile& kt, float (&ksc)[2]) const {
+    if constexpr (Tr::kFp8) {
+      const float* row = P.k_scale + (static_cast<std::int64_t>(t.b) * p.hk + t.hk) * P.nkb;
+      ksc[0] = __ldg(row + kt.kb[0]);
+      ksc[1] = kt.kb[1] >= 0 ? __ldg(row + kt.kb[1]) : ksc[0];
+    } else {
+      ksc[0] = ksc[1] = 1.0f;
+    }
+  }
   __device__ __forceinline__ KeyTile next_uniform_tile(WarpWalk& it) const {
     KeyTile kt = next_tile<Tr>(it);
     kt.kb[0] = uniform(kt.kb[0]);
@@ -683,6 +816,8 @@ struct Consumer {
   __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
     barrier_wait(sm.q_full(), q_phase);
     const KeyTile kt0 = next_uniform_tile(it);
+    float ksc[2];
+    if (kt0.kb[0] >= 0) k_scales(kt0, ksc);
     if (kt0.kb[0] < 0) {
       release(sm.q_empty());
     } else {
@@ -701,12 +836,13 @@ struct Consumer {
       release_kv(sm.k_empty(st_prev));
       float alpha[2];
       std::uint32_t seq_prev = seq++;
-      int vote_prev = softmax_step<kVote>(kt0, alpha, seq_prev);
+      int vote_prev = softmax_step<kVote>(kt0, alpha, seq_prev, ksc);
       bool half_prev = kt0.kb[1] < 0;
       rescale_and_pack(alpha);
       for (;;) {
         const KeyTile kt = next_uniform_tile(it);
         if (kt.kb[0] < 0) break;
+        k_scales(kt, ksc);
         const int st = ring.st;
         const std::uint32_t parity = ring.phase;
         const std::uint32_t seq_cur = seq++;
@@ -724,7 +860,7 @@ struct Consumer {
         wgmma_wait<1>();
         fence_accumulator(s);
         release_kv(sm.k_empty(st));
-        const int vote = softmax_step<kVote>(kt, alpha, seq_cur);
+        const int vote = softmax_step<kVote>(kt, alpha, seq_cur, ksc);
         wgmma_wait<0>();
         fence_accumulator(o);
         fence_p();
@@ -759,7 +895,19 @@ struct Consumer {
                  t.h * p.o_stride[2];
     }
     const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
-    store_rows<T, Tr::kDTiles>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane);
+    if constexpr (Tr::kFp8) {
+      Fp8Epilogue f8;
+      f8.v_scale = P.v_scale + (static_cast<std::int64_t>(t.b) * p.hk + t.hk) * Tr::kHeadDim;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        f8.lse_shift[r] = P.lse_shift != nullptr && row_in_seq[r] < t.sq
+                              ? __ldg(P.lse_shift + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r])
+                              : 0.0f;
+      }
+      store_rows<T, Tr::kDTiles, true>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane, f8);
+    } else {
+      store_rows<T, Tr::kDTiles>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane);
+    }
   }
 };
 
@@ -970,6 +1118,24 @@ cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles
     }
   }
   return launch_kernel<Traits<T, HD, BLKQ, BLKK>>(q, num_tiles, stream);
+}
+
+// The fp8 recipe: head dim 128, 64-key LUT blocks always paired (V^T sub-tiles are 64 keys; an
+// unpaired 64-key tile would need its own instantiation). Variant bits that select other kernels
+// (multicast, legacy pv_threshold, no pairing) do not apply.
+template <class T, int BLKQ, int BLKK>
+using Fp8Traits = Traits<T, 128, BLKQ, BLKK, BLKK == 64, true>;
+
+template <class T, int BLKQ, int BLKK>
+cudaError_t KernelFp8<T, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
+  return cudaFuncGetAttributes(attr, attention_kernel<Fp8Traits<T, BLKQ, BLKK>>);
+}
+
+template <class T, int BLKQ, int BLKK>
+cudaError_t KernelFp8<T, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
+  Sm90Params q = p;
+  q.variant = variant_bits() & ~(kVariantClusterKV | kVariantLegacyPv | kVariantNoPair | kVariantPairQ64);
+  return launch_kernel<Fp8Traits<T, BLKQ, BLKK>>(q, num_tiles, stream);
 }
 
 }  // namespace sparge::cuda::attn::sm90

@@ -22,6 +22,14 @@ struct Sm90Params {
   int variant = 0;    // SPARGE_SM90_VARIANT bits (kVariant*), set by Kernel::launch
   int multicast = 0;  // 1: launched in clusters of 2 CTAs that load one K/V slab each for both (kVariantClusterKV)
   int num_tiles = 0;  // query tiles (slots of `order`); CTA x computes slots x, x + grid, ...
+  // fp8 recipe (KernelFp8; docs/quantized.md): q_map / k_map / v_map describe the prepass's q8, k8
+  // and v8t (cuda/quant/quant.h), and these are its dequantization scales. p.q / p.k / p.v stay the
+  // caller's tensors (unused by the kernel).
+  const float* q_scale = nullptr;    // [B, Hq, Sq], per row
+  const float* k_scale = nullptr;    // [B, Hk, nkb], per LUT key block
+  const float* v_scale = nullptr;    // [B, Hk, D], per channel
+  const float* lse_shift = nullptr;  // [B, Hq, Sq] added to the LSE (K smoothing), or nullptr
+  int nkb = 0;
 };
 
 // SPARGE_SM90_VARIANT: bits that switch uncertain performance choices, read on every launch (so one
@@ -63,15 +71,16 @@ constexpr int threads_per_cta(int blkq) { return 128 * (1 + consumer_warpgroups(
 constexpr int ctas_per_sm(int blkq) { return blkq >= 128 ? 1 : 2; }
 constexpr int smem_budget(int blkq) { return blkq >= 128 ? 232448 : 115712; }
 constexpr int kSmemSlack = 1024 + 512;  // 1024-byte alignment of the tiles + the barriers + the vote rings
-constexpr int q_bytes(int hd, int blkq) { return blkq * hd * 2; }
-constexpr int kv_bytes(int hd, int blkk) { return blkk * hd * 2; }
+// eb: bytes per element of Q, K and V in shared memory (2; 1 for the fp8 recipe).
+constexpr int q_bytes(int hd, int blkq, int eb = 2) { return blkq * hd * eb; }
+constexpr int kv_bytes(int hd, int blkk, int eb = 2) { return blkk * hd * eb; }
 // K/V stages: as many as fit (at most 4), at least one.
-constexpr int stages(int hd, int blkq, int blkk) {
-  const int s = (smem_budget(blkq) - kSmemSlack - q_bytes(hd, blkq)) / (2 * kv_bytes(hd, blkk));
+constexpr int stages(int hd, int blkq, int blkk, int eb = 2) {
+  const int s = (smem_budget(blkq) - kSmemSlack - q_bytes(hd, blkq, eb)) / (2 * kv_bytes(hd, blkk, eb));
   return s > 4 ? 4 : (s < 1 ? 1 : s);
 }
-constexpr int smem_bytes(int hd, int blkq, int blkk) {
-  return kSmemSlack + q_bytes(hd, blkq) + 2 * stages(hd, blkq, blkk) * kv_bytes(hd, blkk);
+constexpr int smem_bytes(int hd, int blkq, int blkk, int eb = 2) {
+  return kSmemSlack + q_bytes(hd, blkq, eb) + 2 * stages(hd, blkq, blkk, eb) * kv_bytes(hd, blkk, eb);
 }
 
 template <class T, int HD, int BLKQ, int BLKK>
@@ -79,6 +88,21 @@ struct Kernel {
   static cudaError_t attributes(cudaFuncAttributes* attr);
   static cudaError_t launch(const Sm90Params& p, int num_tiles, cudaStream_t stream);
 };
+
+// The fp8 recipe's kernel (head dim 128; T is the output dtype): Q, K, V in e4m3 from the prepass.
+// 64-key LUT blocks are always paired into 128-key tiles.
+template <class T, int BLKQ, int BLKK>
+struct KernelFp8 {
+  static cudaError_t attributes(cudaFuncAttributes* attr);
+  static cudaError_t launch(const Sm90Params& p, int num_tiles, cudaStream_t stream);
+};
+
+// TMA maps of the fp8 prepass's buffers (quant.h layouts, contiguous): q8 / k8 [B, H, S, 128] bytes
+// in 128-row-byte boxes of `box_rows` rows, 128-byte swizzle; v8t [B, Hk, 128, sk_pad] in boxes of
+// 64 keys x 128 rows, 64-byte swizzle.
+bool encode_fp8_rows_map(CUtensorMap* out, const void* base, std::int64_t b, std::int64_t h, std::int64_t s,
+                         int box_rows);
+bool encode_fp8_vt_map(CUtensorMap* out, const void* base, std::int64_t b, std::int64_t hk, std::int64_t sk_pad);
 
 // 1 when this build holds an sm_90a image of the kernels and the current device runs it (a tiny
 // probe kernel, launched once per device and cached); 0 otherwise.

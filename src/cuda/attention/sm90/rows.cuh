@@ -29,15 +29,41 @@ __device__ __forceinline__ bool pv_skippable(float block_max, float running_max,
   return !((block_max - running_max) + thr > 0.0f);
 }
 
+// Four fp32 values -> four e4m3 bytes (round to nearest even, saturating), a in the lowest byte.
+// (cvt...e4m3x2 puts its first source in the upper byte.)
+__device__ __forceinline__ std::uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+  std::uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;\n" : "=h"(lo) : "f"(a), "f"(b));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;\n" : "=h"(hi) : "f"(c), "f"(d));
+  return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+}
+
+// The fp8 recipe's epilogue inputs: V's per-channel dequantization scales of this (batch, kv head)
+// (column c of O is multiplied by v_scale[c]), and per row the LSE shift of K smoothing (natural
+// log); O and l carry the factor 2^8 of P (softmax_step_fp8), so the LSE subtracts 8 in log2 units.
+struct Fp8Epilogue {
+  const float* v_scale = nullptr;
+  float lse_shift[2] = {0.0f, 0.0f};
+};
+
 // Normalizes the two rows by their denominators (l: this thread's partial sums, summed over the
 // quad here) and stores O (input dtype or f32) and the optional LSE from registers. Every row that
 // exists in the sequence is written; an empty row (l == 0, or -0.0) gets O = 0 and LSE = -inf.
 // m is the running max in log2 units.
-template <class T, int kDTiles>
+template <class T, int kDTiles, bool kFp8 = false>
 __device__ __forceinline__ void store_rows(const KernelParams& p, const float (&o)[kDTiles][4], const float (&m)[2],
                                            const float (&l)[2], const int (&row_in_seq)[2], int sq,
-                                           const std::int64_t (&o_row)[2], std::int64_t lse_base, int lane) {
+                                           const std::int64_t (&o_row)[2], std::int64_t lse_base, int lane,
+                                           const Fp8Epilogue& f8 = Fp8Epilogue{}) {
   const int t = lane & 3;
+  float2 vs[kDTiles];
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int j = 0; j < kDTiles; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(f8.v_scale + j * 8 + 2 * t));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kDTiles; ++j) vs[j] = make_float2(1.0f, 1.0f);
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float l_row = quad_sum(l[r]);
@@ -48,17 +74,31 @@ __device__ __forceinline__ void store_rows(const KernelParams& p, const float (&
       float* dst = static_cast<float*>(p.o) + o_row[r];
 #pragma unroll
       for (int j = 0; j < kDTiles; ++j) {
-        *reinterpret_cast<float2*>(dst + j * 8 + 2 * t) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        if constexpr (kFp8) {
+          *reinterpret_cast<float2*>(dst + j * 8 + 2 * t) =
+              make_float2(o[j][2 * r] * inv * vs[j].x, o[j][2 * r + 1] * inv * vs[j].y);
+        } else {
+          *reinterpret_cast<float2*>(dst + j * 8 + 2 * t) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        }
       }
     } else {
       T* dst = static_cast<T*>(p.o) + o_row[r];
 #pragma unroll
       for (int j = 0; j < kDTiles; ++j) {
-        *reinterpret_cast<std::uint32_t*>(dst + j * 8 + 2 * t) = Elem<T>::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        if constexpr (kFp8) {
+          *reinterpret_cast<std::uint32_t*>(dst + j * 8 + 2 * t) =
+              Elem<T>::pack(o[j][2 * r] * inv * vs[j].x, o[j][2 * r + 1] * inv * vs[j].y);
+        } else {
+          *reinterpret_cast<std::uint32_t*>(dst + j * 8 + 2 * t) =
+              Elem<T>::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        }
       }
     }
     if (p.lse != nullptr && t == 0) {
-      const float lse = empty ? -INFINITY : (m[r] + log2f(l_row)) * 0.69314718055994531f;
+      float lse = empty ? -INFINITY : (m[r] + log2f(l_row)) * 0.69314718055994531f;
+      if constexpr (kFp8) {
+        if (!empty) lse = (m[r] + log2f(l_row) - 8.0f) * 0.69314718055994531f + f8.lse_shift[r];
+      }
       p.lse[lse_base + row_in_seq[r] * p.lse_stride[2]] = lse;
     }
   }
