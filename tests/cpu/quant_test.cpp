@@ -10,6 +10,9 @@
 //   QuantHost  - quantize_host: each group's values round-trip within e4m3's half step without
 //                saturation (large and tiny rows, a zero row), tails of K blocks, V padding, GQA
 //                lse_shift from the right kv head;
+//   QuantSched - the fused GPU prepass's work order (src/cuda/quant/schedule.h, plain C++): every
+//                item exactly once, and every quantization item after all stats items of its kv
+//                head (what makes the persistent kernel's waits deadlock free);
 //   QuantAttn  - block_sparse_attention with recipe fp8 == "quantize by hand (written here) +
 //                recipe none on the dequantized tensors + the shift", bitwise for O; close to the
 //                unquantized attention (loose); the LSE shift restores the original logits' LSE
@@ -25,6 +28,7 @@
 
 #include "attention_ref.h"
 #include "cpu/quant.h"
+#include "cuda/quant/schedule.h"
 #include "harness/harness.h"
 #include "quant/quant_rule.h"
 
@@ -402,6 +406,51 @@ SPARGE_CASES(QuantHost) {
                        for (std::int64_t e = 0; e < s.d; ++e) EXPECT_NE(qh.q8[(h * s.sq + 1) * s.d + e] & 0x7f, 0x7e);
                      }
                    }});
+}
+
+// ---- the fused prepass's schedule -------------------------------------------------------------------
+
+SPARGE_CASES(QuantSched) {
+  struct S {
+    std::int64_t pairs, group, nch, qper;
+  };
+  for (const S sc : {S{1, 1, 1, 1}, S{1, 2, 3, 5}, S{2, 2, 128, 384}, S{5, 2, 3, 4}, S{7, 3, 2, 9}, S{64, 2, 128, 256},
+                     S{64, 1, 3, 2}, S{9, 4, 1, 1}, S{10, 10, 4, 6}, S{3, 8, 5, 2}}) {
+    const std::string name = Name("QUANT_SCHED")("pairs", sc.pairs)("group", sc.group)("nch", sc.nch)("qper", sc.qper);
+    cases.push_back({name, [sc] {
+                       const cuda::quant::Schedule s{sc.pairs, sc.group, sc.nch, sc.qper};
+                       std::vector<std::int64_t> stats_at(static_cast<size_t>(sc.pairs * sc.nch), -1);
+                       std::vector<std::int64_t> quant_at(static_cast<size_t>(sc.pairs * sc.qper), -1);
+                       for (std::int64_t t = 0; t < s.total(); ++t) {
+                         const cuda::quant::Item it = cuda::quant::decode(s, t);
+                         ASSERT_TRUE(it.pair >= 0 && it.pair < sc.pairs) << "ticket " << t;
+                         if (it.stats) {
+                           ASSERT_TRUE(it.index >= 0 && it.index < sc.nch) << "ticket " << t;
+                           std::int64_t& at = stats_at[static_cast<size_t>(it.pair * sc.nch + it.index)];
+                           ASSERT_EQ(at, -1) << "stats item twice, ticket " << t;
+                           at = t;
+                         } else {
+                           ASSERT_TRUE(it.index >= 0 && it.index < sc.qper) << "ticket " << t;
+                           std::int64_t& at = quant_at[static_cast<size_t>(it.pair * sc.qper + it.index)];
+                           ASSERT_EQ(at, -1) << "quantization item twice, ticket " << t;
+                           at = t;
+                         }
+                       }
+                       EXPECT_EQ(cuda::quant::decode(s, s.total()).pair, -1);
+                       for (std::int64_t p = 0; p < sc.pairs; ++p) {
+                         std::int64_t last_stats = -1, first_quant = s.total();
+                         for (std::int64_t c = 0; c < sc.nch; ++c) {
+                           ASSERT_NE(stats_at[p * sc.nch + c], -1);
+                           last_stats = std::max(last_stats, stats_at[p * sc.nch + c]);
+                         }
+                         for (std::int64_t k = 0; k < sc.qper; ++k) {
+                           ASSERT_NE(quant_at[p * sc.qper + k], -1);
+                           first_quant = std::min(first_quant, quant_at[p * sc.qper + k]);
+                         }
+                         EXPECT_LT(last_stats, first_quant) << "kv head " << p;
+                       }
+                     }});
+  }
 }
 
 // ---- block_sparse_attention, recipe fp8 ---------------------------------------------------------

@@ -9,9 +9,10 @@
 //                      the fp64 mean; every other buffer bitwise equal to the host rule applied
 //                      with the GPU's k_mean (k8 and lse_shift depend on it); outputs poisoned,
 //                      guard regions intact; the same bytes again on a second launch and under
-//                      SPARGE_QUANT_GROUP=1 and =3 (kv heads processed in groups);
+//                      SPARGE_QUANT_GROUP=1 and =3 (kv heads processed in groups), and with
+//                      SPARGE_QUANT_VARIANT=fused (one persistent launch) at groups 2, 1, 3;
 //   QUANT_GPU_BENCH  - with SPARGE_BENCH=1, the prepass at b2 Hq=Hk=32 S=16384 D=128 f16: median of
-//                      10 after warmups, bytes moved and GB/s, for each SPARGE_QUANT_GROUP value.
+//                      10 after warmups, bytes moved and GB/s, for each variant and group.
 // Without a GPU every case skips.
 #include <cuda_runtime.h>
 
@@ -228,13 +229,15 @@ void run_case(const Cfg& c) {
   const cq::QuantShape sh = cq::quant_shape(p);
   Outputs out(sh);
 
-  const auto run = [&](const char* group) {
+  const auto run = [&](const char* group, const char* variant = nullptr) {
     ScopedEnv env("SPARGE_QUANT_GROUP", group);
+    ScopedEnv env_variant("SPARGE_QUANT_VARIANT", variant);
     out.poison();
     const cudaError_t e = cq::quantize_qkv(p, out.buffers(), nullptr);
     EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
     SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_TRUE(out.guards_intact()) << "guard region overwritten (group " << (group ? group : "all") << ")";
+    EXPECT_TRUE(out.guards_intact()) << "guard region overwritten (group " << (group ? group : "default") << ", variant "
+                                     << (variant ? variant : "launches") << ")";
     return download(out);
   };
   const Host gpu = run(nullptr);
@@ -287,6 +290,9 @@ void run_case(const Cfg& c) {
   EXPECT_EQ(diff_all(run(nullptr), gpu), "") << "second launch";
   EXPECT_EQ(diff_all(run("1"), gpu), "") << "SPARGE_QUANT_GROUP=1";
   EXPECT_EQ(diff_all(run("3"), gpu), "") << "SPARGE_QUANT_GROUP=3";
+  EXPECT_EQ(diff_all(run(nullptr, "fused"), gpu), "") << "SPARGE_QUANT_VARIANT=fused";
+  EXPECT_EQ(diff_all(run("1", "fused"), gpu), "") << "SPARGE_QUANT_VARIANT=fused SPARGE_QUANT_GROUP=1";
+  EXPECT_EQ(diff_all(run("3", "fused"), gpu), "") << "SPARGE_QUANT_VARIANT=fused SPARGE_QUANT_GROUP=3";
 }
 
 SPARGE_CASES(QuantGpu) {
@@ -363,12 +369,17 @@ SPARGE_CASES(QuantGpu) {
                      ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
                      ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
                      struct Variant {
+                       const char* variant;
                        const char* group;
                        bool smooth;
                      };
-                     for (const Variant var : {Variant{nullptr, true}, Variant{"1", true}, Variant{"2", true}, Variant{"4", true},
-                                               Variant{"8", true}, Variant{nullptr, false}}) {
+                     for (const Variant var :
+                          {Variant{nullptr, nullptr, true}, Variant{nullptr, "1", true}, Variant{nullptr, "2", true},
+                           Variant{nullptr, "4", true}, Variant{nullptr, "8", true}, Variant{"fused", "1", true},
+                           Variant{"fused", "2", true}, Variant{"fused", "4", true}, Variant{"fused", "8", true},
+                           Variant{nullptr, nullptr, false}, Variant{"fused", "2", false}}) {
                        ScopedEnv env("SPARGE_QUANT_GROUP", var.group);
+                       ScopedEnv env_variant("SPARGE_QUANT_VARIANT", var.variant);
                        p.smooth_k = var.smooth;
                        for (int i = 0; i < 3; ++i) ASSERT_EQ(cq::quantize_qkv(p, out.buffers(), nullptr), cudaSuccess);
                        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -389,8 +400,9 @@ SPARGE_CASES(QuantGpu) {
                        const double in = 2.0 * n * (1 + (var.smooth ? 2 : 1) + 2);
                        const double outb = static_cast<double>(sh.q8_bytes() + sh.k8_bytes() + sh.v8t_bytes()) +
                                            4.0 * (2 * B * H * S + B * H * sh.nkb() + 2 * B * H * D);
-                       std::printf("QUANT_GPU_BENCH group=%s smooth_k=%d: median %.4f ms (min %.4f, max %.4f), %.1f MB, %.0f GB/s\n",
-                                   var.group ? var.group : "all", var.smooth ? 1 : 0, med, ms.front(), ms.back(),
+                       std::printf("QUANT_GPU_BENCH variant=%s group=%s smooth_k=%d: median %.4f ms (min %.4f, max %.4f), %.1f MB, %.0f GB/s\n",
+                                   var.variant ? var.variant : "launches", var.group ? var.group : "all",
+                                   var.smooth ? 1 : 0, med, ms.front(), ms.back(),
                                    (in + outb) / 1e6, (in + outb) / (med * 1e-3) / 1e9);
                      }
                      cudaEventDestroy(e0);

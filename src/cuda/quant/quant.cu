@@ -12,6 +12,12 @@
 //      head) writes q8, q_scale and lse_shift (which needs k_mean: hence Q waits for pass 1 too).
 // Traffic: Q once, K and V twice each (the second read hits L2 when the kv heads are processed in
 // small groups: SPARGE_QUANT_GROUP), the 8-bit copies once. Head dims 64 and 128.
+//
+// Two ways to run the same items (SPARGE_QUANT_VARIANT, same bytes either way):
+//   launches (default): per group of kv heads, stats_kernel then quant_kernel;
+//   fused: one persistent launch; CTAs take items by ticket in schedule.h's order, and a
+//   quantization item first waits (its loads already in flight) for its kv head's ready flag,
+//   which the CTA that finalizes the kv head's statistics raises.
 #include "cuda/quant/quant.h"
 
 #include <cuda_bf16.h>
@@ -21,8 +27,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "cuda/quant/load.cuh"
+#include "cuda/quant/schedule.h"
 #include "cuda/scratch_pool.h"
 #include "quant/quant_rule.h"
 
@@ -48,8 +56,21 @@ struct Args {
   double* part;             // [B * Hk][nch][D] fp64 column sums of K per chunk (smooth_k only)
   std::uint32_t* vamax;     // [B * Hk][D] bits of max |v| (zeroed before pass 1)
   std::uint32_t* done;      // [B * Hk] pass-1 CTAs finished (zeroed before pass 1)
-  std::int64_t pair0;       // first kv head (b * Hk + hk) of this launch group
+  std::uint32_t* ready;     // fused variant: [B * Hk] statistics final (zeroed), else nullptr
+  unsigned long long* ticket;  // fused variant: the next item (zeroed)
+  std::int64_t ntiles, qtiles, qper;  // KV tiles and Q tiles per kv head; qper = ntiles + Hq/Hk * qtiles
 };
+
+// Fused variant: thread 0 waits for the kv head's ready flag; the statistics are then read with
+// __ldcg (L2, where the finalizing CTA's fenced writes are).
+__device__ __forceinline__ void wait_ready(const Args& a, std::int64_t pair) {
+  if (a.ready == nullptr) return;
+  if (threadIdx.x == 0) {
+    while (atomicAdd(&a.ready[pair], 0u) == 0u) __nanosleep(100);
+    __threadfence();
+  }
+  __syncthreads();
+}
 
 // 8 quantized bytes of x * inv[e], in memory order (x[0] at the lowest address).
 __device__ __forceinline__ uint2 quantize8(const float (&x)[8], const float (&inv)[8]) {
@@ -60,16 +81,17 @@ __device__ __forceinline__ uint2 quantize8(const float (&x)[8], const float (&in
 }
 
 // ---- pass 1 ------------------------------------------------------------------------------------
-// grid (nch, pairs of the group). Thread (rg, u) reads channels [8u, 8u + 8) of keys j0 + rg + R i.
+// Keys [128 chunk, 128 chunk + 128) of kv head `pair`. Thread (rg, u) reads channels [8u, 8u + 8)
+// of keys j0 + rg + R i.
 template <int D, class T>
-__global__ void __launch_bounds__(kThreads, 2) stats_kernel(const Args a) {
+__device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std::int64_t chunk) {
   constexpr int U = D / 8, R = kThreads / U, kRows = kStatRows / R;
   __shared__ double s_sum[R][D];
   __shared__ std::uint32_t s_max[R][D];
   __shared__ bool s_last;
   const int tid = threadIdx.x, u = tid % U, rg = tid / U;
-  const std::int64_t pair = a.pair0 + blockIdx.y, b = pair / a.hk, h = pair % a.hk;
-  const std::int64_t chunk = blockIdx.x, j0 = chunk * kStatRows;
+  const std::int64_t b = pair / a.hk, h = pair % a.hk;
+  const std::int64_t j0 = chunk * kStatRows;
 
   // All loads first (kRows x 2 vectors in flight per thread); keys past Sk read as zeros, which
   // change neither a sum nor a maximum.
@@ -127,17 +149,28 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(const Args a) {
     }
     a.out.k_mean[pair * D + tid] = a.smooth ? static_cast<float>(s / static_cast<double>(a.sk)) : 0.0f;
     a.out.v_scale[pair * D + tid] = rule::pow2_scale(__ldcg(&a.vamax[pair * D + tid])).scale;
+    __threadfence();
   }
+  if (a.ready != nullptr) {
+    __syncthreads();  // every k_mean / v_scale write of this kv head is fenced
+    if (tid == 0) atomicExch(&a.ready[pair], 1u);
+  }
+}
+
+// Launches variant, pass 1: grid (nch, kv heads of the group).
+template <int D, class T>
+__global__ void __launch_bounds__(kThreads, 2) stats_kernel(const Args a, std::int64_t pair0) {
+  stats_item<D, T>(a, pair0 + blockIdx.y, blockIdx.x);
 }
 
 // ---- pass 2: KV tiles --------------------------------------------------------------------------
 template <int D, class T>
-__device__ __forceinline__ void kv_tile(const Args& a, std::int64_t local_pair, std::int64_t tile) {
+__device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::int64_t tile) {
   constexpr int U = D / 8, R = kThreads / U, kRows = kTileKeys / R, kWarps = kThreads / 32;
   __shared__ std::uint32_t s_amax[kWarps][2];
   __shared__ __align__(16) std::uint8_t s_v[D][kVPitch];
   const int tid = threadIdx.x, u = tid % U, rg = tid / U, lane = tid % 32, warp = tid / 32;
-  const std::int64_t pair = a.pair0 + local_pair, b = pair / a.hk, h = pair % a.hk;
+  const std::int64_t b = pair / a.hk, h = pair % a.hk;
   const std::int64_t j0 = tile * kTileKeys;
 
   uint4 kr[kRows], vr[kRows];
@@ -150,11 +183,12 @@ __device__ __forceinline__ void kv_tile(const Args& a, std::int64_t local_pair, 
       vr[i] = load8(a.v, b, j, h, u);
     }
   }
+  wait_ready(a, pair);
   float km[8], vinv[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    km[e] = a.out.k_mean[pair * D + u * 8 + e];
-    vinv[e] = 1.0f / a.out.v_scale[pair * D + u * 8 + e];  // exact: a power of two
+    km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
+    vinv[e] = 1.0f / __ldcg(&a.out.v_scale[pair * D + u * 8 + e]);  // exact: a power of two
   }
 
   // K: the smoothed values' maximum per key block (two blocks of 64 or one of 128 per tile).
@@ -236,14 +270,12 @@ __device__ __forceinline__ void kv_tile(const Args& a, std::int64_t local_pair, 
 // ---- pass 2: Q tiles ---------------------------------------------------------------------------
 // The U lanes of a row are consecutive lanes of one warp: the row's amax is a shuffle reduction,
 // and its LSE shift gathers the U chunk sums in chunk order (quant_rule.h's fixed order).
+// Q tile `qt` of query head g of those reading kv head `pair`.
 template <int D, class T>
-__device__ __forceinline__ void q_tile(const Args& a, std::int64_t idx, std::int64_t qtiles) {
+__device__ __forceinline__ void q_tile(const Args& a, std::int64_t pair, std::int64_t g, std::int64_t qt) {
   constexpr int U = D / 8, R = kThreads / U, kRows = kTileRows / R;
   const int tid = threadIdx.x, u = tid % U, rg = tid / U, lane = tid % 32;
-  const std::int64_t group = a.hq / a.hk;
-  const std::int64_t qt = idx % qtiles, head = idx / qtiles;  // head = local pair * group + g
-  const std::int64_t pair = a.pair0 + head / group, b = pair / a.hk;
-  const std::int64_t h = (pair % a.hk) * group + head % group;
+  const std::int64_t b = pair / a.hk, h = (pair % a.hk) * (a.hq / a.hk) + g;
   const std::int64_t i0 = qt * kTileRows;
 
   uint4 qr[kRows];
@@ -252,9 +284,10 @@ __device__ __forceinline__ void q_tile(const Args& a, std::int64_t idx, std::int
     const std::int64_t row = i0 + rg + i * R;
     qr[i] = row < a.sq ? load8(a.q, b, row, h, u) : make_uint4(0, 0, 0, 0);
   }
+  wait_ready(a, pair);
   float km[8];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) km[e] = a.out.k_mean[pair * D + u * 8 + e];
+  for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
   const int base = lane & ~(U - 1);
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
@@ -284,15 +317,50 @@ __device__ __forceinline__ void q_tile(const Args& a, std::int64_t idx, std::int
   }
 }
 
-// At most 128 registers, so two CTAs share an SM (one CTA's barrier waits overlap the other's loads).
+// Quantization item k of kv head `pair`: its KV tiles first, then the Q tiles of its query heads.
 template <int D, class T>
-__global__ void __launch_bounds__(kThreads, 2)
-    quant_kernel(const Args a, std::int64_t n_kv, std::int64_t ntiles, std::int64_t qtiles) {
-  const std::int64_t idx = blockIdx.x;
-  if (idx < n_kv) {
-    kv_tile<D, T>(a, idx / ntiles, idx % ntiles);
+__device__ __forceinline__ void quant_item(const Args& a, std::int64_t pair, std::int64_t k) {
+  if (k < a.ntiles) {
+    kv_tile<D, T>(a, pair, k);
   } else {
-    q_tile<D, T>(a, idx - n_kv, qtiles);
+    k -= a.ntiles;
+    q_tile<D, T>(a, pair, k / a.qtiles, k % a.qtiles);
+  }
+}
+
+// Launches variant, pass 2: one CTA per quantization item of the group's kv heads. At most 128
+// registers, so two CTAs share an SM (one CTA's barrier waits overlap the other's loads).
+template <int D, class T>
+__global__ void __launch_bounds__(kThreads, 2) quant_kernel(const Args a, std::int64_t pair0) {
+  const std::int64_t idx = blockIdx.x;
+  quant_item<D, T>(a, pair0 + idx / a.qper, idx % a.qper);
+}
+
+// Fused variant: persistent CTAs take tickets in schedule.h's order. Thread 0 asks for the next
+// ticket when an item starts and publishes it when the item ends, so the atomic's latency hides
+// behind the item's loads. No deadlock: an item waits only for stats items with smaller tickets;
+// those are held (as current or prefetched items) by CTAs whose current item has a smaller
+// ticket still, so the smallest waiting item always has its dependencies running or done.
+template <int D, class T>
+__global__ void __launch_bounds__(kThreads, 2) fused_kernel(const Args a, const Schedule sched) {
+  __shared__ unsigned long long s_ticket;
+  const std::int64_t total = sched.total();
+  if (threadIdx.x == 0) s_ticket = atomicAdd(a.ticket, 1ull);
+  __syncthreads();
+  for (;;) {
+    const auto t = static_cast<std::int64_t>(s_ticket);
+    __syncthreads();  // everyone has read s_ticket before thread 0 replaces it
+    if (t >= total) return;
+    unsigned long long next = 0;
+    if (threadIdx.x == 0) next = atomicAdd(a.ticket, 1ull);
+    const Item it = decode(sched, t);
+    if (it.stats) {
+      stats_item<D, T>(a, it.pair, it.index);
+    } else {
+      quant_item<D, T>(a, it.pair, it.index);
+    }
+    if (threadIdx.x == 0) s_ticket = next;
+    __syncthreads();
   }
 }
 
@@ -305,28 +373,42 @@ Src make_src(const Tensor& t) {
   return s;
 }
 
-// kv heads per launch group: SPARGE_QUANT_GROUP=N (N >= 1) processes N kv heads (b, hk) with
-// both passes before the next N, so pass 2's second reads of K and V can hit L2 (N = 4 at
-// head dim 128 and Sk = 16384 is 32 MB of K and V); unset or 0: all kv heads in one group (two
-// launches in all). Changes speed, never bytes.
-std::int64_t group_pairs(std::int64_t pairs) {
-  std::int64_t n = 0;
-  if (const char* e = std::getenv("SPARGE_QUANT_GROUP")) n = std::atoll(e);
-  if (n <= 0 || n > pairs) n = pairs;
-  return std::min<std::int64_t>(n, 65535);  // gridDim.y of pass 1
+// kv heads per group: SPARGE_QUANT_GROUP=N (N >= 1) processes N kv heads (b, hk) with both passes
+// before the next N, so pass 2's second reads of K and V can hit L2 (N = 4 at head dim 128 and
+// Sk = 16384 is 32 MB of K and V); unset or 0: all kv heads in one group for the launches
+// variant, 2 for the fused one. SPARGE_QUANT_VARIANT=fused selects the single persistent launch.
+// Both change speed, never bytes.
+std::int64_t env_int(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr ? 0 : std::atoll(e);
+}
+bool fused_variant() {
+  const char* e = std::getenv("SPARGE_QUANT_VARIANT");
+  return e != nullptr && std::string(e) == "fused";
 }
 
 template <int D, class T>
-cudaError_t launch(Args a, std::int64_t pairs, cudaStream_t stream) {
-  const std::int64_t per = group_pairs(pairs);
-  const std::int64_t ntiles = a.sk_pad / kTileKeys, qtiles = (a.sq + kTileRows - 1) / kTileRows;
-  const std::int64_t group = a.hq / a.hk;
+cudaError_t launch(Args a, std::int64_t pairs, bool fused, cudaStream_t stream) {
+  std::int64_t per = env_int("SPARGE_QUANT_GROUP");
+  if (fused) {
+    if (per <= 0) per = 2;
+    const Schedule sched{pairs, std::min(per, pairs), a.nch, a.qper};
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_kernel<D, T>, kThreads, 0);
+    if (e != cudaSuccess) return e;
+    const std::int64_t grid = std::min<std::int64_t>(std::max(1, sms * per_sm), sched.total());
+    fused_kernel<D, T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, sched);
+    return cudaGetLastError();
+  }
+  if (per <= 0 || per > pairs) per = pairs;
+  per = std::min<std::int64_t>(per, 65535);  // gridDim.y of pass 1
+  a.ready = nullptr;
   for (std::int64_t p0 = 0; p0 < pairs; p0 += per) {
     const std::int64_t n = std::min(per, pairs - p0);
-    a.pair0 = p0;
-    stats_kernel<D, T><<<dim3(static_cast<unsigned>(a.nch), static_cast<unsigned>(n)), kThreads, 0, stream>>>(a);
-    const std::int64_t n_kv = n * ntiles, n_q = n * group * qtiles;
-    quant_kernel<D, T><<<static_cast<unsigned>(n_kv + n_q), kThreads, 0, stream>>>(a, n_kv, ntiles, qtiles);
+    stats_kernel<D, T><<<dim3(static_cast<unsigned>(a.nch), static_cast<unsigned>(n)), kThreads, 0, stream>>>(a, p0);
+    quant_kernel<D, T><<<static_cast<unsigned>(n * a.qper), kThreads, 0, stream>>>(a, p0);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -350,7 +432,8 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
   if (pairs == 0) return cudaSuccess;
   const std::size_t part_bytes = p.smooth_k ? static_cast<std::size_t>(pairs * nch * sh.d) * sizeof(double) : 0;
   const std::size_t max_bytes = static_cast<std::size_t>(pairs * sh.d) * sizeof(std::uint32_t);
-  const std::size_t done_bytes = static_cast<std::size_t>(pairs) * sizeof(std::uint32_t);
+  // The counters: done[pairs], ready[pairs], then the ticket (8-byte aligned).
+  const std::size_t done_bytes = (static_cast<std::size_t>(2 * pairs) * sizeof(std::uint32_t) + 7) / 8 * 8 + 8;
   void* mem = nullptr;
   cudaError_t e = scratch_alloc(&mem, part_bytes + max_bytes + done_bytes, stream);
   if (e != cudaSuccess) return e;
@@ -373,13 +456,18 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
   a.part = reinterpret_cast<double*>(base);
   a.vamax = reinterpret_cast<std::uint32_t*>(base + part_bytes);
   a.done = reinterpret_cast<std::uint32_t*>(base + part_bytes + max_bytes);
+  a.ready = a.done + pairs;
+  a.ticket = reinterpret_cast<unsigned long long*>(base + part_bytes + max_bytes + done_bytes - 8);
+  a.ntiles = sh.sk_pad() / kTileKeys;
+  a.qtiles = (sh.sq + kTileRows - 1) / kTileRows;
+  a.qper = a.ntiles + sh.hq / sh.hk * a.qtiles;
   e = cudaMemsetAsync(base + part_bytes, 0, max_bytes + done_bytes, stream);
   if (e == cudaSuccess) {
-    const bool bf = t == DType::bf16;
+    const bool bf = t == DType::bf16, fused = fused_variant();
     if (sh.d == 128) {
-      e = bf ? launch<128, __nv_bfloat16>(a, pairs, stream) : launch<128, __half>(a, pairs, stream);
+      e = bf ? launch<128, __nv_bfloat16>(a, pairs, fused, stream) : launch<128, __half>(a, pairs, fused, stream);
     } else {
-      e = bf ? launch<64, __nv_bfloat16>(a, pairs, stream) : launch<64, __half>(a, pairs, stream);
+      e = bf ? launch<64, __nv_bfloat16>(a, pairs, fused, stream) : launch<64, __half>(a, pairs, fused, stream);
     }
   }
   const cudaError_t f = cudaFreeAsync(mem, stream);
