@@ -464,13 +464,14 @@ struct ASpec {
   Layout layout = Layout::nhd;
   float kmean = 0.0f;
   double density = 0.6;
+  float pv = 0.0f;  // pv_threshold (0 = none)
 };
 
 std::string aspec_name(const char* op, const ASpec& s) {
   return Name(op)("b", s.b)("hq", s.hq)("hk", s.hk)("sq", s.sq)("sk", s.sk)("d", s.d)(
       "blk", std::to_string(s.blkq) + "x" + std::to_string(s.blkk))("causal", s.causal ? 1 : 0)(
       "smooth", s.smooth ? 1 : 0)("dtype", to_string(s.dtype))("layout", layout_name(s.layout))("kmean", s.kmean)(
-      "density", s.density);
+      "density", s.density)("pv", s.pv);
 }
 
 struct AttnOut {
@@ -498,6 +499,7 @@ std::unique_ptr<AttnOut> run_attn(const ASpec& s, const Tensor& q, const Tensor&
   p.is_causal = s.causal;
   p.recipe = recipe;
   p.smooth_k = smooth;
+  if (s.pv > 0.0f) p.pv_threshold = PerHead(&s.pv, 1);
   p.exec.cpu_threads = threads;
   const Status st = block_sparse_attention(p);
   EXPECT_TRUE(st.ok()) << st.message();
@@ -582,6 +584,9 @@ SPARGE_CASES(QuantAttn) {
     s.smooth = false; s.kmean = 0.0f; s.dtype = DType::f32; s.layout = Layout::pad; s.blkk = 64; s.density = 1.0;
     specs.push_back(s);
     s = ASpec(); s.b = 2; s.hq = 4; s.hk = 1; s.d = 64; s.sq = 64; s.sk = 64; s.kmean = 8.0f; s.causal = true; specs.push_back(s);
+    // The fp8 kernel's head dim, with pv_threshold (the same skip decisions on the dequantized logits).
+    s = ASpec(); s.hq = 2; s.hk = 1; s.d = 128; s.sq = 200; s.sk = 333; s.blkq = 128; s.kmean = 2.0f; s.causal = true;
+    s.density = 0.8; s.pv = 4.0f; specs.push_back(s);
   }
   for (const ASpec& s : specs) {
     const std::string name = aspec_name("QUANT_ATTN", s);
