@@ -332,6 +332,26 @@ def run_config(bench, args, d, causal):
                   checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
                       q, k, v, lut, counts, blkq=args.blkq, blkk=args.blkk, is_causal=causal)),
                   sets, fd, fu, extra=dict(extra, kind="kernel"))
+        if args.fp8:
+            # The fp8 recipe (docs/quantized.md): prepass + fp8 kernel; with the prediction, and alone.
+            bench.add(cfg, f"sparge_attn fp8 topk={topk}", f"sparge block_map + block_sparse_attn recipe fp8 "
+                      f"{args.blkq}x{args.blkk}",
+                      checked_sparge(lambda q, k, v: sparge.sparge_attn(
+                          q, k, v, topk=topk, is_causal=causal, blkq=args.blkq, blkk=args.blkk, recipe="fp8")),
+                      sets, fd, fu, extra=dict(extra, kind="sparge_attn_fp8"))
+            frow8 = bench.add(cfg, f"  sparge kernel fp8 topk={topk}", f"sparge block_sparse_attn recipe fp8 "
+                              f"{args.blkq}x{args.blkk} (prepass included)",
+                              checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
+                                  q, k, v, lut, counts, blkq=args.blkq, blkk=args.blkk, is_causal=causal,
+                                  recipe="fp8")),
+                              sets, fd, fu, extra=dict(extra, kind="kernel_fp8"))
+            if "error" not in frow8:
+                diff = max_diff(sparge.block_sparse_attn(q0, k0, v0, lut, counts, blkq=args.blkq, blkk=args.blkk,
+                                                         is_causal=causal, recipe="fp8"),
+                                sparge.block_sparse_attn(q0, k0, v0, lut, counts, blkq=args.blkq, blkk=args.blkk,
+                                                         is_causal=causal))
+                frow8["maxdiff_vs_fp16"] = diff
+                print(f"  {'':<42} max |fp8 - fp16 kernel| on the same LUT = {diff:.2e}")
         if args.paths:
             for path, label in PATHS:
                 with attn_path(path):
@@ -355,6 +375,12 @@ def run_config(bench, args, d, causal):
                       checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
                           q, k, v, flut, fcounts, blkq=fb, blkk=fb, is_causal=causal)),
                       sets, fd, ffu, extra=dict(extra, kind=f"kernel{fb}", density=fdens))
+            if args.fp8:
+                bench.add(cfg, f"  sparge kernel fp8 {fb}x{fb} topk={topk}",
+                          f"sparge block_sparse_attn recipe fp8 {fb}x{fb} (prepass included)",
+                          checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
+                              q, k, v, flut, fcounts, blkq=fb, blkk=fb, is_causal=causal, recipe="fp8")),
+                          sets, fd, ffu, extra=dict(extra, kind=f"kernel{fb}_fp8", density=fdens))
         try:
             bmask = flex_block_mask_from_lut(flut, fcounts, s, fb, fb, causal)
             frow = bench.add(cfg, f"  FlexAttention {fb}x{fb} topk={topk}", "torch.compile flex_attention, same LUT",
@@ -680,6 +706,22 @@ def print_targets(rows, token_rows):
                 x = cudnn["median_ms"] / r["median_ms"]
                 want = 1.05 if d == 128 and not causal else 1.0
                 lines.append(f"{name} / cuDNN, {tag}: {x:.2f}x  (>= {want:.2f}x) {verdict(x, want)}")
+        # Sparse with the prediction (fp16 and the fp8 recipe) against cuDNN dense; kernels on the
+        # FlexAttention LUT against FlexAttention.
+        for r in sub:
+            topk = r.get("topk")
+            if r.get("kind") in ("sparge_attn", "sparge_attn_fp8") and cudnn and "median_ms" in r and topk in (0.4, 0.1):
+                x = cudnn["median_ms"] / r["median_ms"]
+                want = 2.5 if topk == 0.4 else 8.5
+                lines.append(f"{r['name']} / cuDNN dense, {tag}: {x:.2f}x  (>= {want:.1f}x) {verdict(x, want)}")
+            kind = r.get("kind", "")
+            if kind.startswith("kernel") and kind[6:].split("_")[0].isdigit() and "median_ms" in r:
+                fb = kind[6:].split("_")[0]
+                flex = find_row(sub, f"  FlexAttention {fb}x{fb} topk={topk}")
+                if flex and "median_ms" in flex and topk in (0.4, 0.1):
+                    x = flex["median_ms"] / r["median_ms"]
+                    lines.append(f"{r['name'].strip()} / FlexAttention same LUT, {tag}: {x:.2f}x  (>= 1.40x) "
+                                 f"{verdict(x, 1.4)}")
     for r in token_rows:
         if r.get("kind") == "topk" and r.get("impl") == "sparge":
             x = r.get("speedup_vs_torch_topk")
@@ -787,6 +829,8 @@ def parse_args(argv=None):
     ap.add_argument("--blkk", type=int, default=None, help="block map K block (default sparge.DEFAULT_BLKK)")
     ap.add_argument("--flex-blk", type=int, default=128, help="block size of the LUT shared with FlexAttention")
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes a while)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also time the fp8 recipe (sparge_attn and the kernel with recipe='fp8', prepass included)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",

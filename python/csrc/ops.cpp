@@ -103,8 +103,11 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attn(const at::Tensor& q_user, c
                                                      const at::Tensor& counts, std::int64_t blkq, std::int64_t blkk,
                                                      bool is_causal, double scale,
                                                      std::optional<c10::ArrayRef<double>> pv_threshold,
-                                                     c10::string_view tensor_layout, bool return_lse) {
+                                                     c10::string_view tensor_layout, bool return_lse,
+                                                     c10::string_view recipe) {
   constexpr const char* op = "sparge.block_sparse_attn";
+  SPARGE_PY_CHECK_VALUE(recipe == "none" || recipe == "fp8", op, ": recipe = '", std::string(recipe),
+                        "' is not supported (expected 'none' or 'fp8')");
   const AttentionArgs a(op, tensor_layout, q_user, k_user, v_user);
   const DeviceContext ctx(
       common_device(op, {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"lut", &lut}, {"counts", &counts}}), op);
@@ -119,6 +122,7 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attn(const at::Tensor& q_user, c
   p.scale = static_cast<float>(scale);
   p.is_causal = is_causal;
   p.pv_threshold = pv.span();
+  p.recipe = recipe == "fp8" ? Recipe::fp8 : Recipe::none;
   p.exec = ctx.exec();
   throw_if_error(block_sparse_attention(p));
   return out;
@@ -231,8 +235,8 @@ TORCH_LIBRARY(sparge, m) {
       "-> (Tensor lut, Tensor counts)");
   m.def(
       "block_sparse_attn(Tensor q, Tensor k, Tensor v, Tensor lut, Tensor counts, int blkq, int blkk, "
-      "bool is_causal, float scale, float[]? pv_threshold, str tensor_layout, bool return_lse) "
-      "-> (Tensor o, Tensor lse)");
+      "bool is_causal, float scale, float[]? pv_threshold, str tensor_layout, bool return_lse, "
+      "str recipe=\"none\") -> (Tensor o, Tensor lse)");
   m.def(
       "dense_attn(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str tensor_layout, "
       "bool return_lse) -> (Tensor o, Tensor lse)");

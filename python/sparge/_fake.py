@@ -45,7 +45,7 @@ def _block_map(q, k, topk, cdfthreshd, simthreshd1, blkq, blkk, is_causal, atten
 
 @torch.library.register_fake("sparge::block_sparse_attn")
 def _block_sparse_attn(q, k, v, lut, counts, blkq, blkk, is_causal, scale, pv_threshold, tensor_layout,
-                       return_lse):
+                       return_lse, recipe="none"):
     return q.new_empty(q.shape), _lse(q, tensor_layout, return_lse, "sparge.block_sparse_attn")
 
 

@@ -111,19 +111,20 @@ def block_map(q, k, topk=None, cdfthreshd=None, simthreshd1=None, blkq=DEFAULT_B
 
 
 def block_sparse_attn(q, k, v, lut, counts, blkq=DEFAULT_BLKQ, blkk=DEFAULT_BLKK, is_causal=False, scale=None,
-                      pvthreshd=None, tensor_layout="HND", return_lse=False):
+                      pvthreshd=None, tensor_layout="HND", return_lse=False, recipe="none"):
     """Attention over the key blocks of each query block's LUT row: o (and lse [B, Hq, Sq] fp32).
 
     lut/counts as returned by block_map (int64 is accepted and converted). pvthreshd (log2 units,
     upstream's default is 50) skips PV products of blocks whose probabilities are negligible;
-    None never skips.
+    None never skips. recipe="fp8" quantizes Q, K (smoothed) and V to fp8 e4m3 and runs both GEMMs
+    in fp8 (docs/quantized.md; CUDA: sm_90, head dim 128, blkq 128).
     """
     op = "sparge.block_sparse_attn"
     _layout(tensor_layout, op)
     o, lse = _ops.block_sparse_attn(q, k, v, _int32(lut, op, "lut"), _int32(counts, op, "counts"),
                                     _check_block(blkq, op, "blkq"), _check_block(blkk, op, "blkk"),
                                     bool(is_causal), _scale(scale, op), _per_head(pvthreshd, op, "pvthreshd"),
-                                    tensor_layout, bool(return_lse))
+                                    tensor_layout, bool(return_lse), str(recipe))
     return (o, lse) if return_lse else o
 
 
@@ -145,7 +146,8 @@ def sparsity_of(counts, sq, sk, blkq, blkk, is_causal):
 
 def sparge_attn(q, k, v, topk=None, cdfthreshd=None, simthreshd1=None, pvthreshd=50.0, is_causal=False,
                 attention_sink=False, smooth_k=True, tensor_layout="HND", scale=None, return_lse=False,
-                return_sparsity=False, *, blkq=DEFAULT_BLKQ, blkk=DEFAULT_BLKK, return_block_map=False):
+                return_sparsity=False, *, blkq=DEFAULT_BLKQ, blkk=DEFAULT_BLKK, return_block_map=False,
+                recipe="none"):
     """SpargeAttn: predict the block map from Q and K, then run block-sparse attention on it.
 
     Selection: topk (fraction of the visible key blocks kept per query block) or cdfthreshd (the
@@ -155,7 +157,7 @@ def sparge_attn(q, k, v, topk=None, cdfthreshd=None, simthreshd1=None, pvthreshd
 
     Returns o, then lse [B, Hq, Sq] fp32 if return_lse, then the sparsity (1 - computed fraction of
     the causally visible blocks; a float, a 0-D tensor under torch.compile) if return_sparsity, then
-    (lut, counts) if return_block_map.
+    (lut, counts) if return_block_map. recipe="fp8": the fp8 recipe of block_sparse_attn.
     """
     op = "sparge.sparge_attn"
     _layout(tensor_layout, op)
@@ -172,7 +174,8 @@ def sparge_attn(q, k, v, topk=None, cdfthreshd=None, simthreshd1=None, pvthreshd
                                  _per_head(simthreshd1, op, "simthreshd1"), blkq, blkk, bool(is_causal),
                                  bool(attention_sink), bool(smooth_k), s, tensor_layout)
     o, lse = _ops.block_sparse_attn(q, k, v, lut, counts, blkq, blkk, bool(is_causal), s,
-                                    _per_head(pvthreshd, op, "pvthreshd"), tensor_layout, bool(return_lse))
+                                    _per_head(pvthreshd, op, "pvthreshd"), tensor_layout, bool(return_lse),
+                                    str(recipe))
     out = [o]
     if return_lse:
         out.append(lse)

@@ -293,19 +293,25 @@ void run_fp8_case(const Fp8Cfg& c) {
       worst = static_cast<std::int64_t>(e);
     }
   }
+  double lse_bound = 2e-3;
   for (size_t e = 0; e < lse_ref.size(); ++e) {
     if (std::isinf(lse_ref[e]) || std::isinf(lse_gpu[0][e])) {
       ASSERT_EQ(lse_ref[e], lse_gpu[0][e]) << "LSE row " << e;
       continue;
     }
     lse_err = std::max(lse_err, std::fabs(static_cast<double>(lse_gpu[0][e]) - lse_ref[e]));
+    lse_bound = std::max(lse_bound, 1e-3 + 5e-4 * std::fabs(static_cast<double>(lse_ref[e])));
   }
   const double out_round = c.o_f32 ? 0.0 : (c.dt == DType::f16 ? 1.0 / 1024 : 1.0 / 128) * 4.0;
   const double bound = 2.0 * emu_err + 2e-3 + out_round;
-  std::printf("[ fp8 ] %s: max |gpu - spec| %.3e (at %lld), emulation %.3e, bound %.3e; LSE %.3e\n", c.name().c_str(),
-              gpu_err, static_cast<long long>(worst), emu_err, bound, lse_err);
+  std::printf("[ fp8 ] %s: max |gpu - spec| %.3e (at %lld), emulation %.3e, bound %.3e; LSE %.3e (bound %.3e)\n",
+              c.name().c_str(), gpu_err, static_cast<long long>(worst), emu_err, bound, lse_err, lse_bound);
   EXPECT_LE(gpu_err, bound);
-  EXPECT_LE(lse_err, 2e-3);
+  // The fp8 wgmma adds its exact e4m3 products with a narrower accumulator than fp32 (H200, 2026-11-30:
+  // LSE within 1e-3 .. 4e-3 of the fp64 specification at |LSE| ~ 10), which the emulation does not
+  // model; the bound is relative to the LSE's size. A missing 2^8 of P (5.5), a missing smoothing
+  // shift or a wrong scale are far outside it.
+  EXPECT_LE(lse_err, lse_bound);
 }
 
 // SPARGE_BENCH=1: the fp16 kernel and the fp8 recipe (prepass + kernel) on the same random LUT at
