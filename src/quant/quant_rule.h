@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 #if !defined(__CUDA_ARCH__)
 #include <cstring>
 #endif
@@ -166,7 +167,10 @@ SPARGE_QUANT_HD int v_key_pos(int j) { return 16 * (j / 16) + 4 * ((j % 8) / 2) 
 // ---- LSE shift ----------------------------------------------------------------------------------
 // lse_shift = scale * sum_d q[d] * k_mean[d] in fp64 (each product of two floats is exact there),
 // summed in a fixed order: channels in chunks of 8 (one 16-byte vector of a GPU thread), each
-// chunk ascending from 0.0, then the chunk sums ascending from 0.0; finally times scale (fp64).
+// chunk ascending from 0.0; then the chunk sums by a pairwise tree (neighbours first: ((c0 + c1) +
+// (c2 + c3)) + ..., zero chunks padding the count to a power of two), which is what a butterfly of
+// xor shuffles over the row's lanes computes (a + b == b + a exactly); finally times scale (fp64).
+// A chunk sum is never -0.0 (it starts at +0.0), so the zero padding changes no bit.
 constexpr int kShiftChunk = 8;
 
 // n <= kShiftChunk channels (only the last chunk of a head dim that is not a multiple of 8 is short).
@@ -176,12 +180,18 @@ SPARGE_QUANT_HD double dot_chunk(const float* q, const float* km, int n = kShift
   return s;
 }
 
-// Host form of the whole sum; the device adds the same chunk sums in the same order after
-// gathering them from the lanes.
-SPARGE_QUANT_HD double lse_shift(const float* q, const float* km, int d, double scale) {
-  double s = 0.0;
-  for (int c = 0; c < d; c += kShiftChunk) s += dot_chunk(q + c, km + c, d - c < kShiftChunk ? d - c : kShiftChunk);
-  return scale * s;
+// Host form of the whole sum; the device forms the same tree with xor shuffles over the lanes
+// that hold a row's chunks.
+inline double lse_shift(const float* q, const float* km, int d, double scale) {
+  const int n = (d + kShiftChunk - 1) / kShiftChunk;
+  int p = 1;
+  while (p < n) p *= 2;
+  std::vector<double> c(static_cast<std::size_t>(p), 0.0);
+  for (int i = 0; i < n; ++i) c[i] = dot_chunk(q + i * kShiftChunk, km + i * kShiftChunk, d - i * kShiftChunk < kShiftChunk ? d - i * kShiftChunk : kShiftChunk);
+  for (int w = 1; w < p; w *= 2) {
+    for (int i = 0; i + w < p; i += 2 * w) c[i] = c[i] + c[i + w];
+  }
+  return scale * c[0];
 }
 
 }  // namespace sparge::quant

@@ -223,6 +223,37 @@ SPARGE_CASES(QuantScale) {
                        ASSERT_NE(quant::quantize(a, s.inv) & 0x7f, 0x7f) << a;
                      }
                    }});
+  cases.push_back({"QUANT_SCALE(lse_shift=order)", [] {
+                     // The rule's order: chunks of 8 ascending, then a pairwise tree of the chunk sums.
+                     // Values with cancellation, so that another order gives other bits.
+                     std::mt19937_64 rng = rng_for("QUANT_SCALE(lse_shift=order)");
+                     std::normal_distribution<float> nd(0.0f, 1.0f);
+                     int differs_from_sequential = 0;
+                     for (int d : {128, 64, 40}) {
+                       for (int rep = 0; rep < 200; ++rep) {
+                         std::vector<float> q(d), km(d);
+                         for (int e = 0; e < d; ++e) {
+                           q[e] = nd(rng) * (e % 8 == 0 ? 1e6f : 1.0f);
+                           km[e] = nd(rng) * (e % 16 == 8 ? -1e6f : 1e-3f);
+                         }
+                         std::vector<double> c;
+                         for (int c0 = 0; c0 < d; c0 += 8) {
+                           double x = 0.0;
+                           for (int e = c0; e < std::min(d, c0 + 8); ++e) x += static_cast<double>(q[e]) * km[e];
+                           c.push_back(x);
+                         }
+                         while (c.size() & (c.size() - 1)) c.push_back(0.0);
+                         for (size_t w = 1; w < c.size(); w *= 2)
+                           for (size_t i = 0; i + w < c.size(); i += 2 * w) c[i] += c[i + w];
+                         const double want = 0.125 * c[0];
+                         ASSERT_EQ(quant::lse_shift(q.data(), km.data(), d, 0.125), want) << "d " << d;
+                         double seq = 0.0;
+                         for (int e = 0; e < d; ++e) seq += static_cast<double>(q[e]) * km[e];
+                         differs_from_sequential += 0.125 * seq != want;
+                       }
+                     }
+                     EXPECT_GT(differs_from_sequential, 0);  // the inputs do tell orders apart
+                   }});
   cases.push_back({"QUANT_SCALE(v_key_perm)", [] {
                      std::vector<int> seen(32, 0);
                      for (int c = 0; c < 32; ++c) {

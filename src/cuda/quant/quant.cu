@@ -143,9 +143,18 @@ __device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std
   // The last CTA of this kv head: every other CTA's writes were fenced before its ticket.
   __threadfence();
   if (tid < D) {
+    // Chunk order, 16 loads in flight at a time (the adds of 0.0 past nch leave s unchanged: s
+    // starts at +0.0 and is never -0.0).
     double s = 0.0;
     if (a.smooth) {
-      for (std::int64_t c = 0; c < a.nch; ++c) s += __ldcg(&a.part[(pair * a.nch + c) * D + tid]);
+      const double* col = a.part + pair * a.nch * D + tid;
+      for (std::int64_t c0 = 0; c0 < a.nch; c0 += 16) {
+        double v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = c0 + i < a.nch ? __ldcg(col + (c0 + i) * D) : 0.0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s += v[i];
+      }
     }
     a.out.k_mean[pair * D + tid] = a.smooth ? static_cast<float>(s / static_cast<double>(a.sk)) : 0.0f;
     a.out.v_scale[pair * D + tid] = rule::pow2_scale(__ldcg(&a.vamax[pair * D + tid])).scale;
@@ -269,12 +278,12 @@ __device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::i
 
 // ---- pass 2: Q tiles ---------------------------------------------------------------------------
 // The U lanes of a row are consecutive lanes of one warp: the row's amax is a shuffle reduction,
-// and its LSE shift gathers the U chunk sums in chunk order (quant_rule.h's fixed order).
+// and its LSE shift adds the U chunk sums by quant_rule.h's pairwise tree (an xor butterfly).
 // Q tile `qt` of query head g of those reading kv head `pair`.
 template <int D, class T>
 __device__ __forceinline__ void q_tile(const Args& a, std::int64_t pair, std::int64_t g, std::int64_t qt) {
   constexpr int U = D / 8, R = kThreads / U, kRows = kTileRows / R;
-  const int tid = threadIdx.x, u = tid % U, rg = tid / U, lane = tid % 32;
+  const int tid = threadIdx.x, u = tid % U, rg = tid / U;
   const std::int64_t b = pair / a.hk, h = (pair % a.hk) * (a.hq / a.hk) + g;
   const std::int64_t i0 = qt * kTileRows;
 
@@ -288,7 +297,6 @@ __device__ __forceinline__ void q_tile(const Args& a, std::int64_t pair, std::in
   float km[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
-  const int base = lane & ~(U - 1);
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const std::int64_t row = i0 + rg + i * R;
@@ -300,10 +308,14 @@ __device__ __forceinline__ void q_tile(const Args& a, std::int64_t pair, std::in
 #pragma unroll
     for (int off = U / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
     const rule::Pow2Scale sc = rule::pow2_scale(m);
-    const double part = rule::dot_chunk(x, km);
+    // The rule's pairwise tree over the row's U chunk sums, as an xor butterfly (every lane ends
+    // with the same bits: a + b == b + a).
     double sum = 0.0;
+    if (a.smooth) {
+      sum = rule::dot_chunk(x, km);
 #pragma unroll
-    for (int c = 0; c < U; ++c) sum += __shfl_sync(0xffffffffu, part, base + c);
+      for (int off = 1; off < U; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    }
     if (row >= a.sq) continue;
     float inv[8];
 #pragma unroll
