@@ -182,23 +182,35 @@ __device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::i
   const std::int64_t b = pair / a.hk, h = pair % a.hk;
   const std::int64_t j0 = tile * kTileKeys;
 
-  uint4 kr[kRows], vr[kRows];
+  // K: thread (rg, u) holds channels [8u, 8u + 8) of keys j0 + rg + R i. V: thread t holds
+  // kVCombos (unit, quad) combinations x = t + kThreads k: unit 2 (x / 64) + x % 2, and the 4 keys
+  // whose bytes sit at positions 4 quad .. 4 quad + 3 of the tile's v8t rows, quad = (x / 2) % 32,
+  // so each channel's 4 bytes leave as one 32-bit shared-memory store (two lanes per 32-byte
+  // sector of the loads; 2-way bank conflicts on the stores).
+  constexpr int kVCombos = U * (kTileKeys / 4) / kThreads;
+  const auto v_unit = [&](int k) { return 2 * ((tid + kThreads * k) / 64) + tid % 2; };
+  const auto v_quad = [&](int k) { return ((tid + kThreads * k) / 2) % 32; };
+  const auto v_key = [&](int quad, int i) {  // key within the tile at position 4 quad + i
+    return quad / 8 * rule::kVPermGroup + rule::v_key_perm(4 * (quad % 8) + i);
+  };
+  uint4 kr[kRows], vr[kVCombos][4];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const std::int64_t j = j0 + rg + i * R;
-    kr[i] = vr[i] = make_uint4(0, 0, 0, 0);
-    if (j < a.sk) {
-      kr[i] = load8(a.k, b, j, h, u);
-      vr[i] = load8(a.v, b, j, h, u);
+    kr[i] = j < a.sk ? load8(a.k, b, j, h, u) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int k = 0; k < kVCombos; ++k) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::int64_t j = j0 + v_key(v_quad(k), i);
+      vr[k][i] = j < a.sk ? load8(a.v, b, j, h, v_unit(k)) : make_uint4(0, 0, 0, 0);
     }
   }
   wait_ready(a, pair);
-  float km[8], vinv[8];
+  float km[8];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
-    vinv[e] = 1.0f / __ldcg(&a.out.v_scale[pair * D + u * 8 + e]);  // exact: a power of two
-  }
+  for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
 
   // K: the smoothed values' maximum per key block (two blocks of 64 or one of 128 per tile).
   const auto block_of = [&](int row) { return a.blkk == 64 ? row / 64 : 0; };
@@ -251,22 +263,30 @@ __device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::i
     *reinterpret_cast<uint2*>(a.out.k8 + (pair * a.sk + j) * D + u * 8) = quantize8(x, inv);
   }
 
-  // V: quantize, transpose into s_v[d][position] with the key permutation (rows past Sk: zeros),
+  // V: quantize with the channel scales, transpose into s_v[d][position] (keys past Sk: zeros),
   // then each warp writes whole 128-byte rows of v8t.
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int row = rg + i * R;
-    uint2 q8 = make_uint2(0, 0);
-    if (j0 + row < a.sk) {
-      float x[8];
-      unpack8<T>(vr[i], x);
-      q8 = quantize8(x, vinv);
+  for (int k = 0; k < kVCombos; ++k) {
+    const int vu = v_unit(k), quad = v_quad(k);
+    float vinv[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vinv[e] = 1.0f / __ldcg(&a.out.v_scale[pair * D + vu * 8 + e]);  // exact: 2^-k
+    uint2 q8[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q8[i] = make_uint2(0, 0);
+      if (j0 + v_key(quad, i) < a.sk) {
+        float x[8];
+        unpack8<T>(vr[k][i], x);
+        q8[i] = quantize8(x, vinv);
+      }
     }
-    const int pos = row / rule::kVPermGroup * rule::kVPermGroup + rule::v_key_pos(row % rule::kVPermGroup);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const std::uint32_t word = e < 4 ? q8.x : q8.y;
-      s_v[u * 8 + e][pos] = static_cast<std::uint8_t>(word >> (8 * (e % 4)));
+      std::uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word |= (((e < 4 ? q8[i].x : q8[i].y) >> (8 * (e % 4))) & 0xffu) << (8 * i);
+      *reinterpret_cast<std::uint32_t*>(&s_v[vu * 8 + e][4 * quad]) = word;
     }
   }
   __syncthreads();
