@@ -2,7 +2,7 @@
 // (src/cpu/quant.h, the CPU specification's own quantizer):
 //   QUANT_GPU_E4M3   - the device's cvt.rn.satfinite.e4m3x2.f32 equals the rule's software encoder
 //                      on all 2^32 floats, both bytes of the pair (sm_89 and later);
-//   QUANT_GPU(...)   - 40 generated cases: f16 / bf16; NHD, HND, a strided layout (no vector
+//   QUANT_GPU(...)   - 48 generated cases: f16 / bf16; NHD, HND, a strided layout (no vector
 //                      loads) and an unaligned one; Sk not a multiple of 32 / 64 / 128; GQA
 //                      (Hq = 4 Hk); blkk 64 / 128; head dims 128 and 64; smooth_k on / off; rows
 //                      of zeros, large-magnitude rows and tiny ones. k_mean within 1e-6 relative of
@@ -325,6 +325,7 @@ SPARGE_CASES(QuantGpu) {
       {1, 4, 1, 130, 129, 64, 64, false, false, 0.0f},   // head dim 64, GQA 4, no smoothing
       {2, 4, 4, 1, 33, 128, 128, true, true, 0.125f},    // one query row, one partial tile
       {1, 8, 2, 256, 1000, 128, 64, true, true, 0.0f},   // several tiles and chunks
+      {2, 16, 8, 300, 2100, 128, 128, true, false, 0.0f},  // 16 kv heads: many groups and tickets
   };
   for (const Shape& s : shapes)
     for (DType t : {DType::f16, DType::bf16})
