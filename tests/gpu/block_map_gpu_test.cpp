@@ -38,7 +38,7 @@ namespace sparge::test {
 namespace {
 
 enum class Layout { nhd, hnd, strided, unaligned };
-enum class Pattern { random, dup, same, ramp };
+enum class Pattern { random, dup, same, ramp, negramp };
 
 const char* to_string(Layout l) {
   switch (l) {
@@ -94,6 +94,7 @@ std::string case_name(const Cfg& c) {
   if (c.pattern == Pattern::dup) n("ties", "dup");
   if (c.pattern == Pattern::same) n("ties", "same");
   if (c.pattern == Pattern::ramp) n("data", "ramp");
+  if (c.pattern == Pattern::negramp) n("data", "negramp");
   if (c.scale != 0.0f) n("scale", c.scale);
   if (!c.diag) n("diag", 0);
   if (c.outpad) n("outpad", 1);
@@ -213,8 +214,10 @@ void make_ties(std::vector<float>& x, Pattern p, std::int64_t B, std::int64_t S,
 // `ramp`: K block kb of kv head h is about (kb + 1) * u_h and every Q row of its query heads about
 // u_h, so the scores of a row are about scale * (kb + 1 - mean) * |u_h|^2: far apart on every row
 // (random scores would always have near-ties somewhere among 100k rows).
+// `negramp`: the same with every Q row about -u_h, so that without smoothing every score of a row
+// is negative (the scores' sign bits all equal).
 void make_ramp(std::vector<float>& q, std::vector<float>& k, std::int64_t B, std::int64_t SQ, std::int64_t SK,
-               std::int64_t HQ, std::int64_t HK, std::int64_t D, int blkk, std::mt19937_64& rng) {
+               std::int64_t HQ, std::int64_t HK, std::int64_t D, int blkk, std::mt19937_64& rng, float q_sign = 1.0f) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> u(static_cast<size_t>(D));
   for (std::int64_t b = 0; b < B; ++b) {
@@ -229,7 +232,7 @@ void make_ramp(std::vector<float>& q, std::vector<float>& k, std::int64_t B, std
       for (std::int64_t h = hk * (HQ / HK); h < (hk + 1) * (HQ / HK); ++h) {
         for (std::int64_t s = 0; s < SQ; ++s) {
           for (std::int64_t j = 0; j < D; ++j) {
-            q[static_cast<size_t>(((b * SQ + s) * HQ + h) * D + j)] = u[static_cast<size_t>(j)] + 0.01f * nd(rng);
+            q[static_cast<size_t>(((b * SQ + s) * HQ + h) * D + j)] = q_sign * u[static_cast<size_t>(j)] + 0.01f * nd(rng);
           }
         }
       }
@@ -294,6 +297,7 @@ Problem make_problem(const Cfg& c, std::mt19937_64& rng) {
   std::vector<float> kv = gen_values(rng, B, p.rows_k, c.hk, c.d, 0.7f);
   if (c.pattern == Pattern::dup || c.pattern == Pattern::same) make_ties(kv, c.pattern, B, p.rows_k, c.hk, c.d, c.blkk, rng);
   if (c.pattern == Pattern::ramp) make_ramp(qv, kv, B, p.rows_q, p.rows_k, c.hq, c.hk, c.d, c.blkk, rng);
+  if (c.pattern == Pattern::negramp) make_ramp(qv, kv, B, p.rows_q, p.rows_k, c.hq, c.hk, c.d, c.blkk, rng, -1.0f);
   store(qv, c.dtype, p.q);
   store(kv, c.dtype, p.k);
   return p;
@@ -573,7 +577,8 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
 // folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
-// grids and the small-micro-tile scores kernel, alone and combined.
+// grids, the scores kernels (the 128 x 128 tile of 2026-11-30, the small micro-tiles) and the
+// warp selection of 2026-11-30 (loads between the items), alone and combined.
 // (SPARGE_BLOCKMAP_SELECT=count is left out: its cdf adds in another fp32 order.)
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
@@ -582,26 +587,30 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* pool = nullptr;
     const char* persist = nullptr;
     const char* scores = nullptr;
+    const char* select = nullptr;
   };
   const char* const o = nullptr;  // unset
   const Setting settings[] = {
-      {"fold", o, o, o, o},        {o, "1", o, o, o},        {o, o, "prefetch", o, o},
-      {o, o, "base", o, o},        {"fold", "1", "wide", o, o}, {o, o, o, "1", o},
-      {o, "1", "prefetch", "1", o}, {o, o, "small4", o, o},   {o, o, o, o, "small"},
-      {"fold", o, o, "1", "small"}};
+      {"fold", o, o, o, o, o},          {o, "1", o, o, o, o},          {o, o, "prefetch", o, o, o},
+      {o, o, "base", o, o, o},          {"fold", "1", "wide", o, o, o}, {o, o, o, "1", o, o},
+      {o, "1", "prefetch", "1", o, o},  {o, o, "small4", o, o, o},     {o, o, o, o, "small", o},
+      {"fold", o, o, "1", "small", o},  {o, o, o, o, "big128", o},     {o, o, o, o, o, "search"},
+      {o, o, o, o, "big128", "search"}, {o, o, "async", o, o, o},      {o, o, "async3", o, o, o},
+      {o, o, "async4x4", o, o, o},      {"fold", "1", "async", "1", o, o}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
         pool("SPARGE_BLOCKMAP_POOL", st.pool), persist("SPARGE_BLOCKMAP_PERSIST", st.persist),
-        scores("SPARGE_BLOCKMAP_SCORES", st.scores);
+        scores("SPARGE_BLOCKMAP_SCORES", st.scores), select("SPARGE_BLOCKMAP_SELECT", st.select);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
-                             " PERSIST=" + show(st.persist) + " SCORES=" + show(st.scores);
+                             " PERSIST=" + show(st.persist) + " SCORES=" + show(st.scores) +
+                             " SELECT=" + show(st.select);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))
@@ -906,6 +915,24 @@ SPARGE_CASES(BlockMapGpu) {
     add(cases, c);
     c.sq = 8500, c.sk = 12000, c.d = 128, c.causal = false, c.use_topk = false, c.sel = {0.8f}, c.sim = {};
     c.dtype = DType::bf16, c.layout = Layout::hnd;
+    add(cases, c);
+  }
+  // The narrowed warp top-k search (select_row_kernel): every score of a row negative, magnitudes
+  // about 0.64 .. 10 (the search starts at bit 30 with the unrankable blocks inside its interval),
+  // and 0.64 .. 164 at NK 256 (the 8-key tile); ramp keeps the scores far apart. With switches:
+  // the search of 2026-11-30 must keep the same blocks.
+  for (std::int64_t sk : {1000, 16384}) {
+    Cfg c;
+    c.b = 1, c.hq = 2, c.hk = 1, c.sq = 300, c.sk = sk, c.d = 64, c.smooth = false, c.sel = {0.3f};
+    c.scale = 0.01f, c.pattern = Pattern::negramp, c.switches = true, c.causal = sk == 16384;
+    add(cases, c);
+  }
+  // The staged 128 x 128 scores kernel with head dims that leave a partial 32-column chunk (72) and
+  // that take eight chunks through its two buffers (256); NQ and NK >= 128, ramp data.
+  for (int d : {72, 256}) {
+    Cfg c;
+    c.b = 1, c.hq = 2, c.hk = 1, c.sq = 8256, c.sk = d == 72 ? 8320 : 16384, c.d = d, c.sel = {0.3f};
+    c.causal = d == 256, c.pattern = Pattern::ramp, c.switches = true;
     add(cases, c);
   }
   // Determinism: the same inputs give bitwise the same outputs (run four times).

@@ -48,4 +48,19 @@ __device__ __forceinline__ void unpack8(const uint4& r, float (&x)[8]) {
   }
 }
 
+// cp.async (sm_80+) of 16 bytes from global to shared memory, through L2 only; ok == false copies
+// nothing and zero-fills the 16 bytes (src must still be a valid address). Completion: a thread
+// waits for its own groups (cp_async_wait), after which it may read what it copied.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  const auto d = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
+  const int n = ok ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 }  // namespace sparge::cuda::block_map

@@ -76,9 +76,14 @@ struct PassArgs {
 // BATCH: steps of 16-byte loads in flight per lane (kBatch, or 16 for the `wide` variant).
 // SHIFT: sg.shift is set (the K rows of pass 2: the unit's K mean is subtracted from every row);
 // without it the subtraction of zeros is left out (x - 0 is x, -0 included: the same bits).
-template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT>
+// STAGES > 0 (VEC only): the loads go through this warp's ring in shared memory (`ring`, STAGES
+// batches of kBatch x 32 16-byte slots) by cp.async, STAGES - 1 batches ahead of the one being
+// added up, so a warp keeps loads in flight while it adds and needs one register set. Each lane
+// reads back only the slots it copied into (it waits for its own cp.async groups; no warp
+// barrier). Rows past the item and lanes past D / 8 get zero-filled slots, as `fetch` gives zeros.
+template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT, int STAGES = 0>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
-                                          std::int64_t b) {
+                                          std::int64_t b, uint4* ring = nullptr) {
   constexpr int kBatch = BATCH;  // shadows the file's default
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
@@ -176,21 +181,52 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       }
     };
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
-    uint4 cur[kBatch];
-    if (n > 0) fetch(cur, 0);
-    for (int s0 = 0; s0 < n; s0 += kRowsPerBatch) {
-      const bool more = s0 + kRowsPerBatch < n;
-      if constexpr (PREFETCH) {
-        uint4 nxt[kBatch];
-        if (more) fetch(nxt, s0 + kRowsPerBatch);
-        consume_any(cur, s0);
-        if (more) {
+    if constexpr (STAGES > 0) {
+      static_assert(VEC && !PREFETCH, "the cp.async ring takes 16-byte rows");
+      const int nb = (n + kRowsPerBatch - 1) / kRowsPerBatch;  // batches of the item
+      // Batch t into ring stage t % STAGES; past the last batch an empty group, so that every
+      // iteration below waits for the same count.
+      const auto issue = [&](int t) {
+        if (t < nb) {
+          uint4* slot = ring + (t % STAGES) * (kBatch * 32) + lane;
 #pragma unroll
-          for (int u = 0; u < kBatch; ++u) cur[u] = nxt[u];
+          for (int u = 0; u < kBatch; ++u) {
+            const int r = t * kRowsPerBatch + u * kRowsPerStep + grp;
+            const bool ok = col_ok && r < n;
+            cp_async16(slot + u * 32, ok ? row0 + r * rstep + sub * 8 : row0, ok);
+          }
         }
-      } else {
-        consume_any(cur, s0);
-        if (more) fetch(cur, s0 + kRowsPerBatch);
+        cp_async_commit();
+      };
+#pragma unroll
+      for (int t = 0; t < STAGES - 1; ++t) issue(t);
+      for (int t = 0; t < nb; ++t) {
+        // Stage (t + STAGES - 1) % STAGES was read into registers (and added) in iteration t - 1.
+        issue(t + STAGES - 1);
+        cp_async_wait<STAGES - 1>();  // batch t has landed (this lane's own copies)
+        uint4 cur[kBatch];
+        const uint4* slot = ring + (t % STAGES) * (kBatch * 32) + lane;
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) cur[u] = slot[u * 32];
+        consume_any(cur, t * kRowsPerBatch);
+      }
+    } else {
+      uint4 cur[kBatch];
+      if (n > 0) fetch(cur, 0);
+      for (int s0 = 0; s0 < n; s0 += kRowsPerBatch) {
+        const bool more = s0 + kRowsPerBatch < n;
+        if constexpr (PREFETCH) {
+          uint4 nxt[kBatch];
+          if (more) fetch(nxt, s0 + kRowsPerBatch);
+          consume_any(cur, s0);
+          if (more) {
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) cur[u] = nxt[u];
+          }
+        } else {
+          consume_any(cur, s0);
+          if (more) fetch(cur, s0 + kRowsPerBatch);
+        }
       }
     }
     // The row groups of the warp, in a fixed tree; lanes of group 0 end with the totals.
@@ -299,9 +335,13 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 }
 
 // The plain pass: a 1-D grid-stride loop over the items of one or two segments.
-template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch>
+// STAGES > 0: the cp.async ring of pool_item, STAGES * BATCH * 512 bytes of dynamic shared memory
+// per warp.
+template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch, int STAGES = 0>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
+  extern __shared__ uint4 pool_ring[];
+  uint4* const ring = pool_ring + (threadIdx.x / 32) * (STAGES * BATCH * 32);
   const std::int64_t total = a.seg[0].count + a.seg[1].count;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -314,9 +354,9 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     std::int64_t h, b, si;
     decode_item(sg, i, a.small, si, h, b);
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, PREFETCH, VEC, BATCH, true>(a.g, sg, si, h, b);
+      pool_item<T, LANES, PREFETCH, VEC, BATCH, true, STAGES>(a.g, sg, si, h, b, ring);
     } else {
-      pool_item<T, LANES, PREFETCH, VEC, BATCH, false>(a.g, sg, si, h, b);
+      pool_item<T, LANES, PREFETCH, VEC, BATCH, false, STAGES>(a.g, sg, si, h, b, ring);
     }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
@@ -349,8 +389,21 @@ __device__ __forceinline__ void unit_k_mean(const Geometry& g, const float* part
   const int grp = tid / d_count, d = tid % d_count;
   float acc = 0.0f;
   if (grp < groups) {
-#pragma unroll 8
-    for (std::int64_t c = grp; c < nchunks; c += groups) acc += part[c * d_count + d];
+    // kMeanLoads loads in flight, then added in chunk order (the order, and so the bits, of one
+    // load and add at a time; a chunk past the end adds nothing, not even +0).
+    constexpr int kMeanLoads = 32;
+    for (std::int64_t c0 = grp; c0 < nchunks; c0 += std::int64_t{kMeanLoads} * groups) {
+      float v[kMeanLoads];
+#pragma unroll
+      for (int u = 0; u < kMeanLoads; ++u) {
+        const std::int64_t c = c0 + std::int64_t{u} * groups;
+        v[u] = c < nchunks ? part[c * d_count + d] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kMeanLoads; ++u) {
+        if (c0 + std::int64_t{u} * groups < nchunks) acc += v[u];
+      }
+    }
   }
   red[tid] = acc;
   __syncthreads();
@@ -376,9 +429,15 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 //   prefetch: PREFETCH, 2 CTAs per SM;  base: no prefetch, 2 CTAs per SM;
 //   wide: no prefetch, 16 load steps per batch (twice the bytes in flight per warp), 2 CTAs per SM;
 //   small4: no prefetch, 4 load steps per batch, 4 CTAs per SM (more warps, fewer registers each).
-enum class PoolVariant { kPrefetch, kBase, kBase3, kWide, kSmall4 };
+//   async: loads through a per-warp cp.async ring of 2 batches (one ahead), 3 CTAs per SM;
+//   async3: a ring of 3 batches (two ahead), 2 CTAs per SM; async4x4: a ring of 4 batches of 4
+//   steps (three ahead), 3 CTAs per SM (all 64 or 96 KB of shared memory per CTA).
+enum class PoolVariant { kPrefetch, kBase, kBase3, kWide, kSmall4, kAsync, kAsync3, kAsync4x4 };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
+  if (v != nullptr && std::strcmp(v, "async") == 0) return PoolVariant::kAsync;
+  if (v != nullptr && std::strcmp(v, "async3") == 0) return PoolVariant::kAsync3;
+  if (v != nullptr && std::strcmp(v, "async4x4") == 0) return PoolVariant::kAsync4x4;
   if (v != nullptr && std::strcmp(v, "small4") == 0) return PoolVariant::kSmall4;
   if (v != nullptr && std::strcmp(v, "base") == 0) return PoolVariant::kBase;
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
@@ -442,6 +501,23 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
     const auto run = [&](auto type) {
       using T = decltype(type);
       const auto go_kernel = [&](auto kernel) { kernel<<<pass_grid(kernel, grid), kPoolThreads, 0, st>>>(a); };
+      // The cp.async ring variants: STAGES * BATCH * 512 bytes of dynamic shared memory per warp.
+      const auto go_ring = [&](auto kernel, int stages, int batch) {
+        const int bytes = kWarps * stages * batch * 32 * static_cast<int>(sizeof(uint4));
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return;
+        int g2 = grid;
+        if (persist()) {
+          int dev = 0, sms = 0, per_sm = 0;
+          if (cudaGetDevice(&dev) == cudaSuccess &&
+              cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPoolThreads, bytes) == cudaSuccess) {
+            const int resident = sms * (per_sm > 0 ? per_sm : 1);
+            g2 = grid < resident ? grid : resident;
+          }
+          (void)cudaGetLastError();
+        }
+        kernel<<<g2, kPoolThreads, bytes, st>>>(a);
+      };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, false, 2>);
       } else if (variant == PoolVariant::kPrefetch) {
@@ -452,6 +528,12 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
         go_kernel(pass_kernel<T, L, false, true, 2, 16>);
       } else if (variant == PoolVariant::kSmall4) {
         go_kernel(pass_kernel<T, L, false, true, 4, 4>);
+      } else if (variant == PoolVariant::kAsync) {
+        go_ring(pass_kernel<T, L, false, true, 3, kBatch, 2>, 2, kBatch);
+      } else if (variant == PoolVariant::kAsync3) {
+        go_ring(pass_kernel<T, L, false, true, 2, kBatch, 3>, 3, kBatch);
+      } else if (variant == PoolVariant::kAsync4x4) {
+        go_ring(pass_kernel<T, L, false, true, 3, 4, 4>, 4, 4);
       } else {
         go_kernel(pass_kernel<T, L, false, true, 3>);
       }
@@ -511,6 +593,9 @@ const char* pool_variant_name() {
     case PoolVariant::kWide: return "wide";
     case PoolVariant::kPrefetch: return "prefetch";
     case PoolVariant::kSmall4: return "small4";
+    case PoolVariant::kAsync: return "async";
+    case PoolVariant::kAsync3: return "async3";
+    case PoolVariant::kAsync4x4: return "async4x4";
     default: return "base3";
   }
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "cuda/block_map/block_map.cuh"
+#include "cuda/block_map/load.cuh"
 
 namespace sparge::cuda::block_map {
 
@@ -179,6 +180,121 @@ __global__ void __launch_bounds__(kThreads, 2) scores_big_kernel(Geometry g, flo
   }
 }
 
+// The 128 x 128 tile with the pooled rows staged through cp.async (SPARGE_BLOCKMAP_SCORES unset or
+// `stage`; `big128` keeps scores_big_kernel). scores_big_kernel waits on an L2 round trip per 8
+// head-dim columns (16 in a row at D = 128, one CTA per SM at the issue's shape); here the rows of
+// A (pq) and B (pk) come in head-dim chunks of kStageCols columns, kStages chunks in flight (all of
+// them at D <= 64; at D = 128 the next two while one is multiplied), each thread issuing 16-byte cp.async copies into
+// [row][column] arrays whose pitch (kStageCols + 4 floats) keeps both the copies and the float4
+// reads below conflict free. Thread (ty, tx) owns rows ty + 16 i and columns tx + 16 j (i, j < 8)
+// and takes the head dim 4 columns at a time: per row of A one float4, per column of B one float4,
+// then the 4 fmaf steps in column order. Every score is the same fmaf chain over d = 0 .. D-1 as in
+// the other kernels, so the same bits.
+constexpr int kStageCols = 32;
+constexpr int kStagePitch = kStageCols + 4;
+constexpr int kStages = 2;
+constexpr std::size_t kStageSmem = sizeof(float) * kStages * 2 * kBig * kStagePitch;  // 73,728 bytes
+
+__global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, float scale, Scratch s) {
+  extern __shared__ __align__(16) float stage_smem[];
+  // Buffer b: A at [b][0][row][col], B at [b][1][row][col].
+  const auto tile = [&](int buf, int op) { return stage_smem + (buf * 2 + op) * kBig * kStagePitch; };
+  const int tid = static_cast<int>(threadIdx.x);
+  const int tx = tid % 16, ty = tid / 16;
+  const std::int64_t tiles_q = (g.nq + kBig - 1) / kBig, tiles_k = (g.nk + kBig - 1) / kBig;
+  const std::int64_t total = g.nseq * g.hq * tiles_q * tiles_k;
+  const std::int64_t group = g.hq / g.hk;
+  const int d = static_cast<int>(g.d);
+  const int chunks = (d + kStageCols - 1) / kStageCols;
+  for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
+    const std::int64_t tk = w % tiles_k, tq = (w / tiles_k) % tiles_q;
+    const std::int64_t h = (w / (tiles_k * tiles_q)) % g.hq, si = w / (tiles_k * tiles_q * g.hq);
+    const std::int64_t qb0 = tq * kBig, kb0 = tk * kBig;
+    const Seq seq = sequence(g, si);
+    const std::int64_t nq_seq = (seq.q_len + g.blkq - 1) / g.blkq;
+    const std::int64_t qb_hi = (qb0 + kBig < nq_seq ? qb0 + kBig : nq_seq) - 1;
+    if (qb_hi < qb0 || kb0 >= visible_blocks(g, seq, qb_hi)) continue;  // uniform over the CTA
+
+    const float* pa = s.pq + ((si * g.hq + h) * g.nq + qb0) * g.d;
+    const float* pb = s.pk + ((si * g.hk + h / group) * g.nk + kb0) * g.d;
+    // Chunk c into buffer c % kStages: kBig rows x (kStageCols / 4) 16-byte pieces per operand.
+    // Rows past NQ / NK and columns past D are not read (zeros; never stored / never used).
+    const auto issue = [&](int c) {
+      const int c0 = c * kStageCols;
+      float* da = tile(c % kStages, 0);
+      float* db = tile(c % kStages, 1);
+      constexpr int kPieces = kBig * (kStageCols / 4);
+#pragma unroll
+      for (int u = 0; u < kPieces / kThreads; ++u) {
+        const int p = tid + u * kThreads;
+        const int r = p / (kStageCols / 4), col = (p % (kStageCols / 4)) * 4;
+        const bool col_ok = c0 + col < d;
+        const bool a_ok = col_ok && qb0 + r < g.nq, b_ok = col_ok && kb0 + r < g.nk;
+        cp_async16(da + r * kStagePitch + col, a_ok ? pa + r * g.d + c0 + col : s.pq, a_ok);
+        cp_async16(db + r * kStagePitch + col, b_ok ? pb + r * g.d + c0 + col : s.pk, b_ok);
+      }
+      cp_async_commit();
+    };
+    // Every thread has passed the previous tile's last reads of both buffers (its last barrier).
+    issue(0);
+    if (chunks > 1) issue(1);
+    float acc[8][8] = {};
+    for (int c = 0; c < chunks; ++c) {
+      // Chunk c is the older of at most two committed groups (c + 1 issued when it exists).
+      if (c + 1 < chunks) {
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // every thread's copies of chunk c are visible
+      const float* as = tile(c % kStages, 0);
+      const float* bs = tile(c % kStages, 1);
+      const int width = d - c * kStageCols < kStageCols ? d - c * kStageCols : kStageCols;  // multiple of 8
+      for (int k = 0; k < width; k += 4) {
+        float4 b[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + 16 * j) * kStagePitch + k);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 a4 = *reinterpret_cast<const float4*>(as + (ty + 16 * i) * kStagePitch + k);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            float v = acc[i][j];
+            v = fmaf(a4.x, b[j].x, v);
+            v = fmaf(a4.y, b[j].y, v);
+            v = fmaf(a4.z, b[j].z, v);
+            acc[i][j] = fmaf(a4.w, b[j].w, v);
+          }
+        }
+      }
+      __syncthreads();  // buffer c % kStages is read by everyone before chunk c + kStages overwrites it
+      if (c + kStages < chunks) issue(c + kStages);
+    }
+    float* out = s.scores + (si * g.hq + h) * g.nq * g.nk;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const std::int64_t qb = qb0 + ty + 16 * i;
+      if (qb >= g.nq) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const std::int64_t kb = kb0 + tx + 16 * j;
+        if (kb < g.nk) out[qb * g.nk + kb] = acc[i][j] * scale;
+      }
+    }
+  }
+}
+
+cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
+  const std::int64_t tiles = g.nseq * g.hq * ((g.nq + kBig - 1) / kBig) * ((g.nk + kBig - 1) / kBig);
+  if (tiles == 0) return cudaSuccess;
+  cudaError_t e =
+      cudaFuncSetAttribute(scores_stage_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStageSmem));
+  if (e != cudaSuccess) return e;
+  const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
+  scores_stage_kernel<<<grid, kThreads, kStageSmem, st>>>(g, scale, s);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_big(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + kBig - 1) / kBig) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
@@ -187,11 +303,15 @@ cudaError_t launch_big(const Geometry& g, float scale, const Scratch& s, cudaStr
   return cudaGetLastError();
 }
 
-// SPARGE_BLOCKMAP_SCORES=small (read per call) keeps the (TILE/16)^2 micro-tiles for every shape,
-// for timing comparisons.
-bool big_allowed() {
+// SPARGE_BLOCKMAP_SCORES (read per call; every value gives the same bits): unset or `stage`, the
+// staged 128 x 128 kernel where NQ and NK are both >= 128; `big128`, scores_big_kernel there
+// (the default until 2026-11-30); `small` keeps the (TILE/16)^2 micro-tiles for every shape.
+enum class BigScores { kNone, kBig128, kStage };
+BigScores big_scores() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
-  return !(v != nullptr && std::strcmp(v, "small") == 0);
+  if (v != nullptr && std::strcmp(v, "small") == 0) return BigScores::kNone;
+  if (v != nullptr && std::strcmp(v, "big128") == 0) return BigScores::kBig128;
+  return BigScores::kStage;
 }
 
 template <int TILE>
@@ -208,7 +328,9 @@ cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_
 // Tile choice changes speed only, never a score: each score is the same fmaf chain in any tile.
 const char* scores_variant(const Geometry& g) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
-  if (m >= 128 && big_allowed()) return "big128";
+  const BigScores big = big_scores();
+  if (m >= 128 && big == BigScores::kStage) return "stage128";
+  if (m >= 128 && big == BigScores::kBig128) return "big128";
   if (m >= 512) return "tile128";
   if (m >= 64) return "tile64";
   if (m >= 32) return "tile32";
@@ -217,7 +339,9 @@ const char* scores_variant(const Geometry& g) {
 
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
-  if (m >= 128 && big_allowed()) return launch_big(g, scale, s, st);
+  const BigScores big = big_scores();
+  if (m >= 128 && big == BigScores::kStage) return launch_stage(g, scale, s, st);
+  if (m >= 128 && big == BigScores::kBig128) return launch_big(g, scale, s, st);
   if (m >= 512) return launch<128>(g, scale, s, st);
   if (m >= 64) return launch<64>(g, scale, s, st);
   if (m >= 32) return launch<32>(g, scale, s, st);

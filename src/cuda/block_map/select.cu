@@ -19,7 +19,8 @@
 // rankable key is the number of smaller keys (the same strict total order, by counting instead of
 // sorting), the cdf scan runs over the scores placed at their ranks, and the LUT row comes from
 // ballots. No block barriers, and 4 rows per 128-thread CTA. The default (SPARGE_BLOCKMAP_SELECT)
-// is the bit search (select_by_search), not the counting.
+// is the bit search (select_by_search), not the counting, in select_row_kernel (every load of the
+// row first, the narrowed top-k search with an early exit).
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -284,7 +285,16 @@ __device__ __forceinline__ float warp_sum(float v) {
 //          as zeros. Rounding to nearest is monotone, so G is monotone in the prefix and
 //          G(all) = z; the crossing block is the first whose prefix has G / z >= cdfthreshd.
 // Returns, in keep, the selected blocks (or-ed into the forced ones).
-template <int IPT>
+//
+// NARROW (select_row_kernel) finds the same n-th smallest w of top-k in fewer steps: the search
+// starts below the leading bits that the smallest and the largest rankable w share (their values
+// are known: REDUX min / max), and it stops as soon as the interval of w still possible holds a
+// single block, whose w is then read directly. Invariant before the step of bit b: the answer v
+// lies in I = [prefix, prefix | (2^(b+1) - 1)], below = count(w < prefix), upto = count(w <= max I)
+// (all blocks of the warp, the unrankable ones with w = ~0u included). The step halves I by the
+// count at its middle; when upto - below == 1, the one block in I is v. The answer is the same
+// value (the n-th smallest is unique), so the same blocks are kept.
+template <int IPT, bool NARROW = false>
 __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], const float (&sc)[IPT], int lane,
                                                  int r, int nv, bool use_topk, float value, bool (&keep)[IPT]) {
   constexpr int kIdxBits = log2_exact(32 * IPT);
@@ -300,13 +310,56 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
     }
     // The n-th smallest w: bit b of it is 0 iff at least n blocks have w <= prefix | (2^b - 1).
     std::uint32_t prefix = 0;
-#pragma unroll 1
-    for (int b = 31; b >= 0; --b) {
-      const std::uint32_t x = prefix | ((1u << b) - 1u);
-      unsigned c = 0;
+    if constexpr (NARROW) {
+      std::uint32_t lo = ~0u, hi = 0;
 #pragma unroll
-      for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
-      if (static_cast<int>(__reduce_add_sync(0xffffffffu, c)) < n) prefix |= 1u << b;
+      for (int i = 0; i < IPT; ++i) {
+        lo = w[i] < lo ? w[i] : lo;
+        const std::uint32_t v = w[i] != ~0u ? w[i] : 0u;
+        hi = v > hi ? v : hi;
+      }
+      lo = __reduce_min_sync(0xffffffffu, lo);  // the smallest rankable w (r > 0)
+      hi = __reduce_max_sync(0xffffffffu, hi);  // the largest rankable w (< ~0u)
+      if (lo == hi) {
+        prefix = lo;  // every rankable block has this w
+      } else {
+        const int top = 31 - __clz(lo ^ hi);                      // the highest bit where they differ
+        const std::uint32_t span = top == 31 ? ~0u : (2u << top) - 1u;  // I = [prefix, prefix | span]
+        prefix = lo & ~span;
+        int below = 0;                                  // no block has w < lo, so none is below prefix
+        int upto = (prefix | span) == ~0u ? 32 * IPT : r;  // blocks with w <= max I
+#pragma unroll 1
+        for (int b = top; b >= 0; --b) {
+          const std::uint32_t half = (1u << b) - 1u;
+          const std::uint32_t x = prefix | half;
+          unsigned c = 0;
+#pragma unroll
+          for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
+          const int cnt = static_cast<int>(__reduce_add_sync(0xffffffffu, c));
+          if (cnt < n) {
+            prefix |= 1u << b;
+            below = cnt;
+          } else {
+            upto = cnt;
+          }
+          if (upto - below == 1 && b > 0) {  // one block left in [prefix, prefix | half]: it is v
+            std::uint32_t only = ~0u;
+#pragma unroll
+            for (int i = 0; i < IPT; ++i) only = w[i] >= prefix && w[i] <= (prefix | half) ? w[i] : only;
+            prefix = __reduce_min_sync(0xffffffffu, only);
+            break;
+          }
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (int b = 31; b >= 0; --b) {
+        const std::uint32_t x = prefix | ((1u << b) - 1u);
+        unsigned c = 0;
+#pragma unroll
+        for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
+        if (static_cast<int>(__reduce_add_sync(0xffffffffu, c)) < n) prefix |= 1u << b;
+      }
     }
     cross_w = prefix;
     unsigned below = 0;
@@ -436,10 +489,97 @@ __device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int6
   if (lane == 0) a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
 }
 
+// ---- one warp per row, every load of the row first (WarpKind::kLoadFirst, the default) --------
+// The same rule and the same arithmetic as finish_row_search (select_by_search, so the same bits),
+// but the row's global loads (scores, k_sim, q_sim) are all issued before anything else: in
+// finish_row_search the optional maybe_scores store sits between the k_sim loads, and since the
+// two may alias, each k_sim load waited for the one before (8 serial L2 round trips per row).
+// The row index is decoded with 32-bit divisions when the row count allows.
+template <int IPT>
+__global__ void __launch_bounds__(32 * kRowWarps) select_row_kernel(const __grid_constant__ SelectArgs a, bool small) {
+  const Geometry& g = a.g;
+  const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
+  const std::int64_t total = g.nseq * g.hq * g.nq;
+  const std::int64_t group = g.hq / g.hk;
+  const bool has_threshold = a.rule.has_threshold;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + wid; row < total;
+       row += static_cast<std::int64_t>(gridDim.x) * kRowWarps) {
+    std::int64_t qb, h, si;
+    if (small) {  // every row index fits in 31 bits
+      const auto ur = static_cast<std::uint32_t>(row), unq = static_cast<std::uint32_t>(g.nq);
+      const auto uhq = static_cast<std::uint32_t>(g.hq);
+      const std::uint32_t q = ur / unq;
+      qb = ur - q * unq, h = q % uhq, si = q / uhq;
+    } else {
+      qb = row % g.nq, h = (row / g.nq) % g.hq, si = row / (g.nq * g.hq);
+    }
+    const Seq seq = sequence(g, si);
+    const int nv = static_cast<int>(visible_blocks(g, seq, qb));
+    // ---- every load of the row, before any store ----------------------------------------------
+    const float* scores = a.s.scores + row * g.nk;
+    const float* k_sim = a.s.k_sim + (si * g.hk + h / group) * g.nk;
+    float raw[IPT], ks[IPT];
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+      const int kb = lane + 32 * i;
+      raw[i] = kb < nv ? scores[kb] : 0.0f;
+      ks[i] = has_threshold && kb < nv ? k_sim[kb] : 0.0f;
+    }
+    const float q_sim = has_threshold && nv > 0 ? a.s.q_sim[row] : 0.0f;
+    const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
+    const float value = a.rule.value[h];
+
+    // ---- items (as finish_row_search) -------------------------------------------------------------
+    const bool forced_row = has_threshold && nv > 0 && !(q_sim > threshold);
+    float sc[IPT];
+    std::uint32_t wk[IPT];
+    bool keep[IPT];
+    int rankable = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+      const int kb = lane + 32 * i;
+      // A visible K block that is not self-similar takes no part in the ranking and is kept.
+      const bool forced_col = kb < nv && has_threshold && !(ks[i] > threshold);
+      const float s = kb < nv && !forced_col ? raw[i] : -INFINITY;
+      const bool rank_me = kb < nv && isfinite(s);
+      sc[i] = s;
+      wk[i] = rank_me ? ~order_bits(s) : ~0u;
+      keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
+      rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
+    }
+    if (!forced_row && rankable > 0) {  // uniform over the warp
+      select_by_search<IPT, true>(wk, sc, lane, rankable, nv, a.rule.use_topk, value, keep);
+    }
+    // ---- stores: the diagnostic scores, the LUT row (kept blocks ascending, then -1), the count --
+    if (a.maybe_scores.data != nullptr) {
+      const Out<float>& o = a.maybe_scores;
+      float* orow = o.data + si * o.stride[0] + h * o.stride[1] + qb * o.stride[2];
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) {
+        const int kb = lane + 32 * i;
+        if (kb < g.nk) orow[kb * o.stride[3]] = sc[i];
+      }
+    }
+    const Out<std::int32_t>& lut = a.lut;
+    std::int32_t* lut_row = lut.data + si * lut.stride[0] + h * lut.stride[1] + qb * lut.stride[2];
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) {
+      const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
+      if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
+      count += __popc(bal);
+    }
+    for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
+    if (lane == 0) a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
+  }
+}
+
 // kind: kCount = ranks by counting smaller keys (O(NK^2 / 32) per warp); kSearch = the bit search
 // above (O(32 NK / 32) per warp). Both select the same blocks for top-k; for cdf they add the
 // probabilities in different fp32 orders (both within rounding of the CPU's fp64).
-enum class WarpKind { kCount, kSearch };
+// kLoadFirst: the bit search of kSearch with the row's loads first (select_row_kernel); same bits.
+enum class WarpKind { kCount, kSearch, kLoadFirst };
 
 template <int IPT, WarpKind KIND>
 __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __grid_constant__ SelectArgs a) {
@@ -586,6 +726,8 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
   const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
   if (kind == WarpKind::kCount) {
     select_warp_kernel<IPT, WarpKind::kCount><<<grid, 32 * kRowWarps, 0, st>>>(a);
+  } else if (kind == WarpKind::kLoadFirst) {
+    select_row_kernel<IPT><<<grid, 32 * kRowWarps, 0, st>>>(a, rows < (std::int64_t{1} << 31));
   } else {
     select_warp_kernel<IPT, WarpKind::kSearch><<<grid, 32 * kRowWarps, 0, st>>>(a);
   }
@@ -595,11 +737,15 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
 // SPARGE_BLOCKMAP_SELECT=count (read per call) picks the previous selections, for timing
 // comparisons: counting ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
 // The default is the bit search.
+// SPARGE_BLOCKMAP_SELECT=search runs the warp bit search of 2026-11-30 (finish_row_search, loads
+// between the items' work); unset or `load1st`, select_row_kernel (the same bits).
 WarpKind warp_kind() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
-  return v != nullptr && std::strcmp(v, "count") == 0 ? WarpKind::kCount : WarpKind::kSearch;
+  if (v != nullptr && std::strcmp(v, "count") == 0) return WarpKind::kCount;
+  if (v != nullptr && std::strcmp(v, "search") == 0) return WarpKind::kSearch;
+  return WarpKind::kLoadFirst;
 }
-bool cta_search() { return warp_kind() == WarpKind::kSearch; }
+bool cta_search() { return warp_kind() != WarpKind::kCount; }
 
 template <int NT, int IPT>
 std::size_t smem_bytes() {
@@ -636,7 +782,10 @@ std::size_t select_smem_bytes(std::int64_t nk) {
 }
 
 const char* select_variant(std::int64_t nk) {
-  if (nk <= 256) return warp_kind() == WarpKind::kCount ? "warp-count" : "warp-search";
+  if (nk <= 256) {
+    const WarpKind k = warp_kind();
+    return k == WarpKind::kCount ? "warp-count" : (k == WarpKind::kSearch ? "warp-search" : "warp-load1st");
+  }
   return cta_search() ? "cta-search (top-k; cdf sorts)" : "cta-sort";
 }
 
