@@ -577,8 +577,8 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
 // folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
-// grids, the scores kernels (the 128 x 128 tile of 2026-11-30, the small micro-tiles) and the
-// warp selection of 2026-11-30 (loads between the items), alone and combined.
+// grids, ticket-ordered items, the scores kernels (the 128 x 128 tile of 2026-11-30, the small
+// micro-tiles) and the warp selection of 2026-11-30 (loads between the items), alone and combined.
 // (SPARGE_BLOCKMAP_SELECT=count is left out: its cdf adds in another fp32 order.)
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
@@ -588,6 +588,7 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* persist = nullptr;
     const char* scores = nullptr;
     const char* select = nullptr;
+    const char* ticket = nullptr;
   };
   const char* const o = nullptr;  // unset
   const Setting settings[] = {
@@ -596,21 +597,23 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {o, "1", "prefetch", "1", o, o},  {o, o, "small4", o, o, o},     {o, o, o, o, "small", o},
       {"fold", o, o, "1", "small", o},  {o, o, o, o, "big128", o},     {o, o, o, o, o, "search"},
       {o, o, o, o, "big128", "search"}, {o, o, "async", o, o, o},      {o, o, "async3", o, o, o},
-      {o, o, "async4x4", o, o, o},      {"fold", "1", "async", "1", o, o}};
+      {o, o, "async4x4", o, o, o},      {"fold", "1", "async", "1", o, o}, {o, "1", o, o, o, o, "1"},
+      {"fold", o, "async3", o, o, o, "1"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
         pool("SPARGE_BLOCKMAP_POOL", st.pool), persist("SPARGE_BLOCKMAP_PERSIST", st.persist),
-        scores("SPARGE_BLOCKMAP_SCORES", st.scores), select("SPARGE_BLOCKMAP_SELECT", st.select);
+        scores("SPARGE_BLOCKMAP_SCORES", st.scores), select("SPARGE_BLOCKMAP_SELECT", st.select),
+        ticket("SPARGE_BLOCKMAP_TICKET", st.ticket);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
                              " PERSIST=" + show(st.persist) + " SCORES=" + show(st.scores) +
-                             " SELECT=" + show(st.select);
+                             " SELECT=" + show(st.select) + " TICKET=" + show(st.ticket);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))

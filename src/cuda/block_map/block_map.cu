@@ -197,7 +197,7 @@ Status build_block_map(const BlockMapParams& p) {
   const bool heads_on_device = g.hq > kInlineHeads;
 
   // Scratch: one allocation on the stream (from the shared retained pool, src/cuda/scratch_pool.h),
-  // carved into fp32 regions (and the folded K mean's 32-bit counters).
+  // carved into fp32 regions (and the folded K mean's 32-bit counters, the passes' 64-bit tickets).
   Scratch s;
   s.nchunks = p.smooth_k ? (g.sk + kKSumRows - 1) / kKSumRows : 0;
   const auto n = [](std::int64_t v) { return round_up(static_cast<std::size_t>(v)); };
@@ -205,10 +205,11 @@ Status build_block_map(const BlockMapParams& p) {
       n(g.nseq * g.hk * s.nchunks * g.d), n(g.nseq * g.hk * g.d), n(g.nseq * g.hk * g.nk * g.d), n(g.nseq * g.hk * g.nk),
       n(g.nseq * g.hq * g.nq * g.d),      n(g.nseq * g.hq * g.nq), n(g.nseq * g.hq * g.nq * g.nk),
       p.smooth_k ? n(g.nseq * g.hk) : 0,  // the folded K mean's counters (32-bit words)
+      n(4),                                // the passes' item tickets (2 x 64-bit)
       heads_on_device ? n(2 * g.hq) : 0};
   std::size_t floats = 0;
   for (std::size_t v : sizes) floats += v;
-  if (floats == 0) return {};
+  if (floats == sizes[8]) return {};  // nothing to compute (the tickets alone)
 
   float* base = nullptr;
   cudaError_t e = scratch_alloc(reinterpret_cast<void**>(&base), floats * sizeof(float), stream);
@@ -225,6 +226,8 @@ Status build_block_map(const BlockMapParams& p) {
   }
   if (p.smooth_k) s.k_done = reinterpret_cast<std::uint32_t*>(cursor);  // 256-byte aligned
   cursor += sizes[7];
+  s.tickets = reinterpret_cast<unsigned long long*>(cursor);  // 256-byte aligned
+  cursor += sizes[8];
 
   const char* phase = "";
   const auto fail = [&](cudaError_t err) {

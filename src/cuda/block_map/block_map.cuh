@@ -71,6 +71,9 @@ struct Scratch {
   // [nseq * hk] chunk sums finished per (sequence, kv head), zeroed by launch_pooling, for the K
   // mean folded into pass 1; null: the mean is its own launch.
   std::uint32_t* k_done = nullptr;
+  // [2] item tickets of pass 1 and pass 2 (SPARGE_BLOCKMAP_TICKET=1; zeroed by launch_pooling), or
+  // null (then the passes take their items by the grid stride).
+  unsigned long long* tickets = nullptr;
 };
 
 struct SelectRule {

@@ -65,6 +65,11 @@ struct PassArgs {
   Geometry g;
   Segment seg[2];  // items [0, seg[0].count), then [.., + seg[1].count)
   bool small = false;  // every item index and count fits in 32 bits: 32-bit index arithmetic
+  // Non-null (SPARGE_BLOCKMAP_TICKET=1): a counter zeroed before the launch; each warp takes its
+  // next item index from it (atomicAdd), so items start in index order across the whole grid and a
+  // warp that finishes early takes the next one (the grid is the resident CTAs). Null: warp w takes
+  // items w, w + grid warps, ...
+  unsigned long long* ticket = nullptr;
 };
 
 // PREFETCH: the loads of the item's next batch are issued before the current batch is added up
@@ -345,7 +350,14 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
   const std::int64_t total = a.seg[0].count + a.seg[1].count;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < total; w += stride) {
+  const auto next = [&](std::int64_t w) {  // the item after w for this warp (a ticket, or the grid stride)
+    if (a.ticket == nullptr) return w + stride;
+    unsigned long long t = 0;
+    if (lane == 0) t = atomicAdd(a.ticket, 1ull);
+    return static_cast<std::int64_t>(__shfl_sync(0xffffffffu, t, 0));
+  };
+  const std::int64_t w0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  for (std::int64_t w = a.ticket == nullptr ? w0 : next(0); w < total; w = next(w)) {
     const bool first = w < a.seg[0].count;
     const Segment* sgp = first ? &a.seg[0] : &a.seg[1];  // __grid_constant__: no copy
     const Segment& sg = *sgp;
@@ -471,14 +483,23 @@ bool persist() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
-// The grid for `kernel`: `grid`, or with persist() at most the resident CTAs. A failed query
-// keeps `grid` (and clears the error it left).
+// SPARGE_BLOCKMAP_TICKET=1 (read per call; same bits): the passes of launch_pooling hand out their
+// items by a ticket counter (PassArgs::ticket) to a grid of the resident CTAs; with
+// SPARGE_BLOCKMAP_KFIRST=1 the long K-sum items then all start before the Q items, and the last
+// items to start are short ones wherever they run.
+bool ticket_on() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_TICKET");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+// The grid for `kernel` (with `smem` bytes of dynamic shared memory): `grid`, or with persist() or
+// a ticket at most the resident CTAs. A failed query keeps `grid` (and clears the error it left).
 template <class Kernel>
-int pass_grid(Kernel kernel, int grid) {
-  if (!persist()) return grid;
+int pass_grid(Kernel kernel, int grid, bool resident_only, int smem = 0) {
+  if (!resident_only) return grid;
   int dev = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPoolThreads, 0) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPoolThreads, smem) != cudaSuccess) {
     (void)cudaGetLastError();
     return grid;
   }
@@ -500,23 +521,15 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
     const int grid = grid_for(items);
     const auto run = [&](auto type) {
       using T = decltype(type);
-      const auto go_kernel = [&](auto kernel) { kernel<<<pass_grid(kernel, grid), kPoolThreads, 0, st>>>(a); };
+      const bool resident_only = persist() || a.ticket != nullptr;
+      const auto go_kernel = [&](auto kernel) {
+        kernel<<<pass_grid(kernel, grid, resident_only), kPoolThreads, 0, st>>>(a);
+      };
       // The cp.async ring variants: STAGES * BATCH * 512 bytes of dynamic shared memory per warp.
       const auto go_ring = [&](auto kernel, int stages, int batch) {
         const int bytes = kWarps * stages * batch * 32 * static_cast<int>(sizeof(uint4));
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return;
-        int g2 = grid;
-        if (persist()) {
-          int dev = 0, sms = 0, per_sm = 0;
-          if (cudaGetDevice(&dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPoolThreads, bytes) == cudaSuccess) {
-            const int resident = sms * (per_sm > 0 ? per_sm : 1);
-            g2 = grid < resident ? grid : resident;
-          }
-          (void)cudaGetLastError();
-        }
-        kernel<<<g2, kPoolThreads, bytes, st>>>(a);
+        kernel<<<pass_grid(kernel, grid, resident_only, bytes), kPoolThreads, bytes, st>>>(a);
       };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, false, 2>);
@@ -625,7 +638,13 @@ cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
                            const Marks& marks) {
-  PassArgs p1;
+  PassArgs p1, p2;
+  if (s.tickets != nullptr && ticket_on()) {
+    const cudaError_t e = cudaMemsetAsync(s.tickets, 0, 2 * sizeof(unsigned long long), st);
+    if (e != cudaSuccess) return e;
+    p1.ticket = s.tickets;
+    p2.ticket = s.tickets + 1;
+  }
   p1.g = g;
   p1.seg[0] = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
   if (!smooth) {
@@ -654,7 +673,6 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     marks("K mean");
   }
 
-  PassArgs p2;
   p2.g = g;
   p2.seg[0] = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
