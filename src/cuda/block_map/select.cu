@@ -495,8 +495,10 @@ __device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int6
 // finish_row_search the optional maybe_scores store sits between the k_sim loads, and since the
 // two may alias, each k_sim load waited for the one before (8 serial L2 round trips per row).
 // The row index is decoded with 32-bit divisions when the row count allows.
-template <int IPT>
-__global__ void __launch_bounds__(32 * kRowWarps) select_row_kernel(const __grid_constant__ SelectArgs a, bool small) {
+// MINB: CTAs per SM the registers are capped for (1: no cap; 12 with SPARGE_BLOCKMAP_SELECT=load1st12,
+// 40 registers: 48 rows in flight per SM instead of 28 at the 72 registers of IPT 8).
+template <int IPT, int MINB = 1>
+__global__ void __launch_bounds__(32 * kRowWarps, MINB) select_row_kernel(const __grid_constant__ SelectArgs a, bool small) {
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
   const std::int64_t total = g.nseq * g.hq * g.nq;
@@ -579,7 +581,7 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_row_kernel(const __grid
 // above (O(32 NK / 32) per warp). Both select the same blocks for top-k; for cdf they add the
 // probabilities in different fp32 orders (both within rounding of the CPU's fp64).
 // kLoadFirst: the bit search of kSearch with the row's loads first (select_row_kernel); same bits.
-enum class WarpKind { kCount, kSearch, kLoadFirst };
+enum class WarpKind { kCount, kSearch, kLoadFirst, kLoadFirst12 };
 
 template <int IPT, WarpKind KIND>
 __global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __grid_constant__ SelectArgs a) {
@@ -728,6 +730,8 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
     select_warp_kernel<IPT, WarpKind::kCount><<<grid, 32 * kRowWarps, 0, st>>>(a);
   } else if (kind == WarpKind::kLoadFirst) {
     select_row_kernel<IPT><<<grid, 32 * kRowWarps, 0, st>>>(a, rows < (std::int64_t{1} << 31));
+  } else if (kind == WarpKind::kLoadFirst12) {
+    select_row_kernel<IPT, 12><<<grid, 32 * kRowWarps, 0, st>>>(a, rows < (std::int64_t{1} << 31));
   } else {
     select_warp_kernel<IPT, WarpKind::kSearch><<<grid, 32 * kRowWarps, 0, st>>>(a);
   }
@@ -738,11 +742,13 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
 // comparisons: counting ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
 // The default is the bit search.
 // SPARGE_BLOCKMAP_SELECT=search runs the warp bit search of 2026-11-30 (finish_row_search, loads
-// between the items' work); unset or `load1st`, select_row_kernel (the same bits).
+// between the items' work); unset or `load1st`, select_row_kernel (the same bits); `load1st12`, the
+// same kernel capped at 40 registers (same bits).
 WarpKind warp_kind() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
   if (v != nullptr && std::strcmp(v, "count") == 0) return WarpKind::kCount;
   if (v != nullptr && std::strcmp(v, "search") == 0) return WarpKind::kSearch;
+  if (v != nullptr && std::strcmp(v, "load1st12") == 0) return WarpKind::kLoadFirst12;
   return WarpKind::kLoadFirst;
 }
 bool cta_search() { return warp_kind() != WarpKind::kCount; }
@@ -784,7 +790,9 @@ std::size_t select_smem_bytes(std::int64_t nk) {
 const char* select_variant(std::int64_t nk) {
   if (nk <= 256) {
     const WarpKind k = warp_kind();
-    return k == WarpKind::kCount ? "warp-count" : (k == WarpKind::kSearch ? "warp-search" : "warp-load1st");
+    if (k == WarpKind::kCount) return "warp-count";
+    if (k == WarpKind::kSearch) return "warp-search";
+    return k == WarpKind::kLoadFirst12 ? "warp-load1st12" : "warp-load1st";
   }
   return cta_search() ? "cta-search (top-k; cdf sorts)" : "cta-sort";
 }
