@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <cstring>
 #include <string>
@@ -38,12 +39,14 @@ struct Fp8Cfg {
   float pv_thr = 0.0f;
   float q_mul = 2.0f;     // logit spread: peaked rows make P's order visible in O
   float k_bias = 3.0f;    // per-channel mean of K (what smoothing removes)
+  int variant = -1;       // SPARGE_SM90_VARIANT for the GPU call (-1: as the environment has it)
   std::string name() const {
     Name n("FP8");
     n("dt", sparge::to_string(dt))("b", b)("hq", hq)("hk", hk)("sq", sq)("sk", sk)("blkk", blkk)("density", density);
     n("causal", causal)("layout", hnd ? "HND" : "NHD")("smooth", smooth)("o", o_f32 ? "f32" : sparge::to_string(dt));
     if (pv_thr > 0) n("pv", pv_thr);
     n("qmul", q_mul)("kbias", k_bias);
+    if (variant >= 0) n("v", variant);
     return n.str();
   }
 };
@@ -264,6 +267,8 @@ void run_fp8_case(const Fp8Cfg& c) {
   g.counts = make_tensor(dcnt.data(), DType::i32, {c.b, c.hq, nq});
   g.exec.backend = Backend::cuda;
   std::vector<float> o_gpu[2], lse_gpu[2];
+  std::optional<ScopedEnv> var;
+  if (c.variant >= 0) var.emplace("SPARGE_SM90_VARIANT", std::to_string(c.variant).c_str());
   for (int rep = 0; rep < 2; ++rep) {
     if (c.o_f32) do32.poison(); else do16.poison();
     dlse.poison();
@@ -444,6 +449,23 @@ SPARGE_CASES(Fp8AttentionGpu) {
     c.density = 1.0;
     c.q_mul = 1.0f;
     cfgs.push_back(c);
+  }
+  {
+    // Persistent CTAs walking many tiles (bit 32: a grid of 3 CTAs; bit 16: one CTA per SM slot), GQA, rows of
+    // ~1600 keys: the Q reload, the K/V ring across tiles and the per-tile K scales.
+    Fp8Cfg c;
+    c.hq = 4;
+    c.hk = 2;
+    c.sq = 1024;
+    c.sk = 4096;
+    c.density = 0.4;
+    c.q_mul = 1.5f;
+    for (int blkk : {64, 128})
+      for (int variant : {32, 16}) {
+        c.blkk = blkk;
+        c.variant = variant;
+        cfgs.push_back(c);
+      }
   }
   for (const Fp8Cfg& c : cfgs) cases.push_back({c.name(), [c] { run_fp8_case(c); }});
 
