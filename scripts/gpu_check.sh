@@ -54,6 +54,8 @@ if has bench; then
     echo "## validation, smaller shape"
     timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -v=1
     timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -causal=1 -v=1
+    echo "## fp8 recipe: prepass variants, fp16 vs fp8 kernel on the same LUTs (prepass included)"
+    SPARGE_BENCH=1 timeout 120 "$B/tests/sparge_gpu_tests" --filter='FP8_BENCH|QUANT_GPU_BENCH' 2>&1 | grep -E 'bench|QUANT_GPU_BENCH'
     echo "## block-map scaling, b*h*s fixed"
     for s in 16384 65536 262144; do
       timeout 60 "$B/bin/sparge" bench -backend=cuda -b=1 -h=$(( 64 * 16384 / s )) -s=$s -d=128 -topk=0.4 -blkk=64
@@ -75,7 +77,7 @@ if has python; then
 fi
 
 if has compare; then
-  timeout 400 python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:-} >"$OUT/compare.log" 2>&1; rc=$?
+  timeout 400 python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:---fp8} >"$OUT/compare.log" 2>&1; rc=$?
   note "compare rc=$rc"
   tail -40 "$OUT/compare.log"
 fi
