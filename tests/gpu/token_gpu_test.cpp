@@ -704,8 +704,48 @@ LayoutLists layout_lists(const GProblem& g, Layout layout, std::int64_t empty) {
 // batches of one list / global atomics (mask_rows only matters without kRowBitmaps).
 const char* const kUnionVariants[] = {"0", "1", "2", "3", "4", "5", "6", "7"};
 
+// An attention path of gather_attention: SPARGE_GATHER_PATH with, for the warp-specialized kernel
+// (path "ws", attention_ws.cuh), its switches SPARGE_GATHER_WS_WG / _STAGES / _ARRIVE / _PINGPONG
+// (nullptr: unset, the kernel's default).
+struct PathConfig {
+  const char* label;
+  const char* path;
+  const char* ws_wg = nullptr;
+  const char* ws_stages = nullptr;
+  const char* ws_arrive = nullptr;
+  const char* ws_pingpong = nullptr;
+};
+// Sets a PathConfig's variables for its lifetime.
+class PathEnv {
+ public:
+  explicit PathEnv(const PathConfig& c)
+      : path_("SPARGE_GATHER_PATH", c.path),
+        wg_("SPARGE_GATHER_WS_WG", c.ws_wg),
+        stages_("SPARGE_GATHER_WS_STAGES", c.ws_stages),
+        arrive_("SPARGE_GATHER_WS_ARRIVE", c.ws_arrive),
+        pingpong_("SPARGE_GATHER_WS_PINGPONG", c.ws_pingpong) {}
+
+ private:
+  ScopedEnv path_, wg_, stages_, arrive_, pingpong_;
+};
+// The warp-specialized kernel's variants (not run on a GPU when they were added): its defaults
+// (BM 128 for groups of more than 64 rows, BM 64 otherwise; the most stages that fit; noinc
+// arrivals; pingpong), one consumer warpgroup on large groups (4 CTAs per 256-row group), two on
+// small ones (the second warpgroup's rows past the group's end), the smallest ring (2 stages:
+// every stage refilled as soon as it is released), the producer's fallback completion (wait +
+// fence + arrive), and the two consumer warpgroups without turns.
+const PathConfig kWsPaths[] = {
+    {"ws", "ws"},
+    {"ws wg=1", "ws", "1"},
+    {"ws wg=2", "ws", "2"},
+    {"ws stages=2", "ws", nullptr, "2"},
+    {"ws arrive=wait", "ws", nullptr, nullptr, "wait"},
+    {"ws pingpong=0", "ws", nullptr, nullptr, nullptr, "0"},
+    {"ws wg=1 stages=2 arrive=wait", "ws", "1", "2", "wait"},
+};
+
 // GATHER_GPU(...) / GATHER_GPU_KV(...): the GPU against the fp64 oracle (per-row, union at
-// ur = 1, 7, 64, the mma and wgmma paths), union == per-row within tolerance, every union-kernel
+// ur = 1, 7, 64, the mma, wgmma and ws paths with the ws variants), union == per-row within tolerance, every union-kernel
 // variant bitwise equal to the default, the CPU backend agreeing with the oracle; kv layout also:
 // CPU backend bitwise equal across layouts, every GPU result bitwise equal to the expanded run.
 void gather_case(const GCase& c, const std::string& name, Layout layout) {
@@ -746,6 +786,12 @@ void gather_case(const GCase& c, const std::string& name, Layout layout) {
       const GOut up = l.run(Backend::cuda, true, ur);
       check_gather(up, o_ref, lse_ref, lowp_err, what + " path=" + path);
       vs_expanded(up, true, ur, what + " path=" + path);
+    }
+    for (const PathConfig& pc : kWsPaths) {
+      PathEnv e0(pc);
+      const GOut up = l.run(Backend::cuda, true, ur);
+      check_gather(up, o_ref, lse_ref, lowp_err, what + " path=" + pc.label);
+      vs_expanded(up, true, ur, what + " path=" + pc.label);
     }
     // The union kernel's variants: bitwise the default's output (same unions, same masks).
     for (const char* variant : kUnionVariants)
@@ -1053,7 +1099,13 @@ SPARGE_CASES(TopkGpuStress) {
 namespace gather_long {
 
 
-const char* const kPaths[] = {"default", "mma", "mma64", "mma128", "wgmma", "wgmma256", "wgmma64"};
+// Every attention path; the ws variants after the established paths.
+std::vector<PathConfig> all_paths() {
+  std::vector<PathConfig> v = {{"default", nullptr}, {"mma", "mma"},         {"mma64", "mma64"},    {"mma128", "mma128"},
+                               {"wgmma", "wgmma"},  {"wgmma256", "wgmma256"}, {"wgmma64", "wgmma64"}};
+  v.insert(v.end(), std::begin(kWsPaths), std::end(kWsPaths));
+  return v;
+}
 
 }  // namespace gather_long
 
@@ -1080,9 +1132,9 @@ SPARGE_CASES(GatherGpuLong) {
                        gather_reference(g, true, o_lp, lse_lp);
                        std::vector<float> o_lpf(o_lp.begin(), o_lp.end());
                        const double lowp_err = max_abs_err(o_lpf, o_ref);
-                       for (const char* path : kPaths) {
-                         ScopedEnv env("SPARGE_GATHER_PATH", std::strcmp(path, "default") == 0 ? nullptr : path);
-                         const std::string tag = std::string("path=") + path;
+                       for (const PathConfig& pc : all_paths()) {
+                         PathEnv env(pc);
+                         const std::string tag = std::string("path=") + pc.label;
                          check_gather(run_gather(g, Backend::cuda, false), o_ref, lse_ref, lowp_err, tag + " per-row");
                          for (int ur : {64, 7}) {
                            check_gather(run_gather(g, Backend::cuda, true, ur), o_ref, lse_ref, lowp_err,
@@ -1119,9 +1171,10 @@ SPARGE_CASES(GatherGpuLong) {
                      if (!have_gpu()) GTEST_SKIP() << "no GPU";
                      const GCase c{1, 8, 2, 96, 4096, 128, 2048, DType::f16, true, false, 0.05, 32, 0.05};
                      const GProblem g = make_gather(c, "GATHER_GPU_LONG_RELAUNCH");
-                     for (const char* path : kPaths) {
+                     for (const PathConfig& pc : all_paths()) {
                        for (const char* ctas : {"1", "8", "overlap"}) {
-                         ScopedEnv env("SPARGE_GATHER_PATH", std::strcmp(path, "default") == 0 ? nullptr : path);
+                         PathEnv env(pc);
+                         const char* path = pc.label;
                          const bool ov = std::strcmp(ctas, "overlap") == 0;
                          ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", ov ? nullptr : ctas);
                          ScopedEnv e3("SPARGE_GATHER_OVERLAP", ov ? "4" : nullptr);
@@ -1247,9 +1300,17 @@ SPARGE_CASES(GatherGpuPerfPaths) {
                      ASSERT_TRUE(gather_attention(p).ok());
                      SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
                      const std::vector<unsigned char> ref = o.download();
-                     for (const char* path : {"mma64", "mma128", "wgmma", "wgmma256", "wgmma64"}) {
+                     std::vector<PathConfig> paths = {{"mma64", "mma64"}, {"mma128", "mma128"}, {"wgmma", "wgmma"},
+                                                      {"wgmma256", "wgmma256"}, {"wgmma64", "wgmma64"}};
+                     paths.insert(paths.end(), std::begin(kWsPaths), std::end(kWsPaths));
+                     for (const PathConfig s : {PathConfig{"ws stages=3", "ws", nullptr, "3"}, PathConfig{"ws stages=4", "ws", nullptr, "4"},
+                                                PathConfig{"ws wg=1 stages=6", "ws", "1", "6"}}) {
+                       paths.push_back(s);
+                     }
+                     for (const PathConfig& pc : paths) {
+                       const char* path = pc.label;
                        for (const char* ctas : {"1", "8", "8+overlap4", "8+overlap8"}) {
-                         ScopedEnv env("SPARGE_GATHER_PATH", path);
+                         PathEnv env(pc);
                          ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", std::strncmp(ctas, "1", 1) == 0 ? "1" : "8");
                          ScopedEnv e3("SPARGE_GATHER_OVERLAP", std::strlen(ctas) > 1 ? ctas + 9 : nullptr);
                          cudaEvent_t e0, e1v;
@@ -1385,6 +1446,7 @@ SPARGE_CASES(GatherGpuKv) {
                      const Variant vs[] = {{"q", true, nullptr, nullptr},   {"kv", true, nullptr, nullptr},  {"q", true, "mma", nullptr},
                                            {"kv", true, "mma", nullptr},    {"q", true, "wgmma", nullptr},   {"kv", true, "wgmma", nullptr},
                                            {"kv", true, nullptr, "4"},      {"kv", true, "wgmma", "4"},      {"q", false, nullptr, nullptr},
+                                           {"q", true, "ws", nullptr},      {"kv", true, "ws", nullptr},     {"kv", true, "ws", "4"},
                                            {"kv", false, nullptr, nullptr}, {"q", true, nullptr, nullptr, "0"}, {"kv", true, nullptr, nullptr, "0"},
                                            {"q", true, nullptr, nullptr, "1"}, {"kv", true, nullptr, nullptr, "1"},
                                            {"q", true, nullptr, nullptr, "2"}, {"kv", true, nullptr, nullptr, "2"},

@@ -49,6 +49,10 @@ struct AttnArgs {
   float scale_log2;  // scale * log2(e), computed once on the host
   std::int64_t first_group;
   Scratch scratch;
+  // The warp-specialized kernel only (attention_ws.cuh; set by the host from its switches):
+  int ws_stages = 0;        // K/V stages of the ring (2 .. kWsMaxStages, within the shared memory)
+  int ws_arrive_wait = 0;   // 1: producer threads wait for their copies, fence, then arrive (else noinc)
+  int ws_pingpong = 1;      // two consumer warpgroups take turns issuing their wgmmas
 };
 
 template <class T>
@@ -122,11 +126,14 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 // One step of the online softmax for the thread's two rows (accumulator layout of m16n8 / wgmma
 // m64nN per warp: s[n][0..1] row lo, s[n][2..3] row hi, columns 8 n + 2 tq, +1): each row masked
 // to its own keys by its mask word (all 64 kept when `full`), scaled into the log2 domain, the
-// running max m and partial sum l updated, O rescaled, and s replaced by the probabilities P.
-template <int kNT, int kDT>
-__device__ __forceinline__ void softmax_step(float (&s)[kNT][4], float (&o)[kDT][4], float (&m)[2], float (&l)[2],
-                                             unsigned long long mask_lo, unsigned long long mask_hi, bool full,
-                                             float scale_log2, int tq) {
+// running max m and partial sum l updated, s replaced by the probabilities P, and alpha set to
+// the factor O must be rescaled by (rescale_o). Split from softmax_step so that the
+// warp-specialized kernel (attention_ws.cuh) can run it while the previous step's O += P V is
+// still accumulating into O; the arithmetic is softmax_step's.
+template <int kNT>
+__device__ __forceinline__ void softmax_probs(float (&s)[kNT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                              unsigned long long mask_lo, unsigned long long mask_hi, bool full,
+                                              float scale_log2, int tq) {
 #pragma unroll
   for (int hrow = 0; hrow < 2; ++hrow) {
     const unsigned long long mask = hrow == 0 ? mask_lo : mask_hi;
@@ -147,7 +154,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kNT][4], float (&o)[kDT]
     // A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0
     // rather than NaN (-inf - -inf).
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    const float alpha = exp2f(m[hrow] - m_use);
+    alpha[hrow] = exp2f(m[hrow] - m_use);
     float sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
@@ -158,14 +165,31 @@ __device__ __forceinline__ void softmax_step(float (&s)[kNT][4], float (&o)[kDT]
         sum += x;
       }
     }
-    l[hrow] = l[hrow] * alpha + sum;
+    l[hrow] = l[hrow] * alpha[hrow] + sum;
     m[hrow] = m_new;
-#pragma unroll
-    for (int d = 0; d < kDT; ++d) {
-      o[d][hrow * 2] *= alpha;
-      o[d][hrow * 2 + 1] *= alpha;
-    }
   }
+}
+
+// O *= alpha, row lo by alpha[0], row hi by alpha[1].
+template <int kDT>
+__device__ __forceinline__ void rescale_o(float (&o)[kDT][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int d = 0; d < kDT; ++d) {
+    o[d][0] *= alpha[0];
+    o[d][1] *= alpha[0];
+    o[d][2] *= alpha[1];
+    o[d][3] *= alpha[1];
+  }
+}
+
+// softmax_probs, then O rescaled (the portable and the non-specialized wgmma kernels).
+template <int kNT, int kDT>
+__device__ __forceinline__ void softmax_step(float (&s)[kNT][4], float (&o)[kDT][4], float (&m)[2], float (&l)[2],
+                                             unsigned long long mask_lo, unsigned long long mask_hi, bool full,
+                                             float scale_log2, int tq) {
+  float alpha[2];
+  softmax_probs<kNT>(s, m, l, alpha, mask_lo, mask_hi, full, scale_log2, tq);
+  rescale_o<kDT>(o, alpha);
 }
 
 // Full row sums across the quad, normalise, write O and LSE of the thread's rows gr_lo and

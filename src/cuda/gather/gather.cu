@@ -3,7 +3,8 @@
 //   union.cuh      per group: sorted union of the rows' lists + each row's membership mask;
 //   attention.cuh  flash attention of BM rows of a group over the union, masked per row
 //                  (mma.sync, sm_80+); attention_wgmma.cuh the same walk with wgmma (sm_90a),
-//                  chosen per call by SPARGE_GATHER_PATH (select_attention below).
+//                  attention_ws.cuh warp-specialized (sm_90a, opt-in), chosen per call by
+//                  SPARGE_GATHER_PATH (select_attention below).
 // Tiles: with group_union, a group is the Hq/Hk heads of one kv head x union_rows consecutive query
 // positions, so adjacent tokens that select overlapping keys share each K/V load. Without it, a
 // group is the Hq/Hk heads of one kv head at ONE query position: the path that always runs, with
@@ -25,6 +26,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/gather/attention.cuh"
 #include "cuda/gather/attention_wgmma.cuh"
+#include "cuda/gather/attention_ws.cuh"
 #include "cuda/gather/union.cuh"
 #include "cuda/scratch_pool.h"
 #include "cuda/topk/error_flags.cuh"
@@ -61,7 +63,11 @@ struct AttnChoice {
   AttnKernel kernel = nullptr;
   int threads = 0, smem = 0, tile_rows = 0;
   bool wgmma = false;
-  int stages = 0;  // K/V buffers of the wgmma kernel
+  int stages = 0;  // K/V buffers of the wgmma kernel, K/V stages of the warp-specialized one
+  const char* name = "mma.sync";
+  // The warp-specialized kernel (attention_ws.cuh): its switches, copied into AttnArgs.
+  bool ws = false;
+  int ws_arrive_wait = 0, ws_pingpong = 1;
 };
 
 bool aligned16(const Tensor& t) {
@@ -84,6 +90,63 @@ AttnChoice pick_kernel(int tile_rows, bool wgmma, int stages = 3) {
   }
   if (tile_rows == 64) return {gather::attention_kernel<T, D, 4>, gather::AttnShape<4>::kThreads, gather::AttnShape<4>::smem_bytes(D), 64};
   return {gather::attention_kernel<T, D, 8>, gather::AttnShape<8>::kThreads, gather::AttnShape<8>::smem_bytes(D), 128};
+}
+
+// The warp-specialized kernel with C consumer warpgroups and `stages` K/V stages.
+template <class T, int D, int C>
+AttnChoice pick_ws(int stages) {
+  AttnChoice c{gather::attention_ws_kernel<T, D, C>, gather::WsShape<C>::kThreads, gather::WsShape<C>::smem_bytes(D, stages),
+               gather::WsShape<C>::kBM, true, stages};
+  c.name = "ws";
+  c.ws = true;
+  return c;
+}
+template <class T, int D>
+AttnChoice pick_ws(int consumers, int stages) {
+  return consumers == 1 ? pick_ws<T, D, 1>(stages) : pick_ws<T, D, 2>(stages);
+}
+
+int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return end != nullptr && *end == '\0' ? static_cast<int>(v) : fallback;
+}
+
+// SPARGE_GATHER_PATH=ws (sm_90a; NOT RUN ON A GPU yet): the warp-specialized kernel. Its switches,
+// read on every call (results never depend on them beyond summation order -- and they do not even
+// change that: every variant walks the union in the same order with the same arithmetic):
+//   SPARGE_GATHER_WS_WG = 1 | 2      consumer warpgroups (BM 64 / 128); default 2 for groups of
+//                                    more than 64 rows, else 1 (a second warpgroup would hold only
+//                                    rows past the group's end);
+//   SPARGE_GATHER_WS_STAGES = 2..8   K/V ring stages, clamped to what 227 KB hold; default: the
+//                                    most that fit (BM 128: 6 at hd128, 8 at hd64), with BM 64 the
+//                                    most that let two CTAs share an SM (3 at hd128, 6 at hd64);
+//   SPARGE_GATHER_WS_ARRIVE = wait   producer threads wait for their copies, fence and arrive
+//                                    (default noinc: cp.async.mbarrier.arrive.noinc; attention_ws.cuh);
+//   SPARGE_GATHER_WS_PINGPONG = 0    the two consumer warpgroups issue without taking turns.
+AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
+  int consumers = group_rows > 64 ? 2 : 1;
+  const int wg_req = env_int("SPARGE_GATHER_WS_WG", 0);
+  if (wg_req == 1 || wg_req == 2) consumers = wg_req;
+  const int d = static_cast<int>(plan.d);
+  const int tile = 64 * d * 2;
+  constexpr int kSmemMax = 227 * 1024;     // one CTA per SM
+  constexpr int kSmemHalf = 113 * 1024;    // two CTAs per SM (228 KB less 1 KB per CTA, halved)
+  const int max_stages = std::min(gather::kWsMaxStages, (kSmemMax - 1024 - consumers * tile) / (2 * tile));
+  const int two_cta_stages = std::min(gather::kWsMaxStages, (kSmemHalf - 1024 - tile) / (2 * tile));
+  int stages = consumers == 1 ? two_cta_stages : max_stages;
+  const int st_req = env_int("SPARGE_GATHER_WS_STAGES", 0);
+  if (st_req >= 2) stages = std::min(st_req, max_stages);
+  stages = std::max(stages, 2);
+  const bool f16 = plan.dtype == DType::f16;
+  AttnChoice c = d == 64 ? (f16 ? pick_ws<__half, 64>(consumers, stages) : pick_ws<__nv_bfloat16, 64>(consumers, stages))
+                         : (f16 ? pick_ws<__half, 128>(consumers, stages) : pick_ws<__nv_bfloat16, 128>(consumers, stages));
+  const char* arrive = std::getenv("SPARGE_GATHER_WS_ARRIVE");
+  c.ws_arrive_wait = arrive != nullptr && std::strcmp(arrive, "wait") == 0 ? 1 : 0;
+  c.ws_pingpong = env_int("SPARGE_GATHER_WS_PINGPONG", 1) != 0 ? 1 : 0;
+  return c;
 }
 
 // Whether the device runs `fn` from code compiled for sm_90 or later (clusters, wgmma), rather
@@ -110,6 +173,7 @@ int device_major() {
 //                   in lockstep, so one's softmax overlaps the other's MMAs; each CTA gathers
 //                   the group's K/V itself, twice the L2 reads of 128-row tiles);
 //   mma             the portable kernel, 128-row tiles for groups of at least 128 rows, else 64;
+//   ws              the warp-specialized sm_90a kernel (attention_ws.cuh, select_ws above; opt-in);
 //   unset / other   on sm_90: "wgmma64" for groups of at least 128 rows (union groups; H200
 //                   2026-11-30, 256-row groups, two rounds: attention 0.146-0.147 ms against
 //                   0.154-0.156 for wgmma (BM 128) and 0.179 / 0.190 for mma64 / mma128; the whole
@@ -119,6 +183,10 @@ int device_major() {
 AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   const char* e = std::getenv("SPARGE_GATHER_PATH");
   std::string req = e != nullptr ? e : "";
+  if (req == "ws" && major == 9) {
+    const AttnChoice c = select_ws(plan, group_rows);
+    if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return c;
+  }
   if (req != "mma" && req != "mma64" && req != "mma128" && req != "wgmma" && req != "wgmma256" && req != "wgmma64") {
     req = group_rows >= 128 ? "wgmma64" : "mma";
   }
@@ -141,7 +209,11 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
     // would trap): take the portable kernel otherwise.
     const AttnChoice c = plan.d == 64 ? (f16 ? pick_kernel<__half, 64>(tile, true, stages) : pick_kernel<__nv_bfloat16, 64>(tile, true, stages))
                                       : (f16 ? pick_kernel<__half, 128>(tile, true, stages) : pick_kernel<__nv_bfloat16, 128>(tile, true, stages));
-    if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return {c.kernel, c.threads, c.smem, c.tile_rows, true, stages};
+    if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) {
+      AttnChoice r{c.kernel, c.threads, c.smem, c.tile_rows, true, stages};
+      r.name = "wgmma";
+      return r;
+    }
     wgmma = false;
     tile = group_rows >= 128 ? 128 : 64;
   }
@@ -337,8 +409,8 @@ struct Profile {
       if (x != nullptr) cudaEventDestroy(x);
     }
   }
-  void report(int ctas, int mask_rows, int variant, bool pos_map, bool row_bitmaps, int tile_rows, bool wgmma, int stages, int list_rep, std::int64_t groups,
-              std::int64_t wave) {
+  void report(int ctas, int mask_rows, int variant, bool pos_map, bool row_bitmaps, int tile_rows, const AttnChoice& ac, int list_rep,
+              std::int64_t groups, std::int64_t wave) {
     float u = 0, a = 0;
     if (cudaEventSynchronize(ev[2]) != cudaSuccess || cudaEventElapsedTime(&u, ev[0], ev[1]) != cudaSuccess ||
         cudaEventElapsedTime(&a, ev[1], ev[2]) != cudaSuccess) {
@@ -346,10 +418,13 @@ struct Profile {
     }
     std::fprintf(stderr,
                  "[gather profile] wave 0 of %lld groups (wave %lld): union %.3f ms (ctas %d, mask_rows %d, variant %d%s, %s lists), attention %.3f ms "
-                 "(%s, BM %d%s)\n",
+                 "(%s, BM %d%s%s)\n",
                  static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, row_bitmaps ? 0 : mask_rows, variant,
                  row_bitmaps ? " row bitmaps" : (pos_map ? " pos map" : ""), list_rep > 1 ? "kv-head" : "per-row", a,
-                 wgmma ? "wgmma" : "mma.sync", tile_rows, wgmma && stages == 2 ? ", 2 stages" : "");
+                 ac.name, tile_rows, ac.wgmma && !ac.ws && ac.stages == 2 ? ", 2 stages" : "",
+                 ac.ws ? (std::string(", ") + std::to_string(ac.stages) + " stages, arrive " + (ac.ws_arrive_wait ? "wait" : "noinc") +
+                          (ac.ws_pingpong ? "" : ", no pingpong")).c_str()
+                       : "");
   }
 };
 
@@ -500,6 +575,9 @@ Status gather_attention(const GatherAttentionParams& p) {
   aa.scratch = sc;
 
   const AttnChoice ac = select_attention(plan, geo.rows, major);
+  aa.ws_stages = ac.ws ? ac.stages : 0;
+  aa.ws_arrive_wait = ac.ws_arrive_wait;
+  aa.ws_pingpong = ac.ws_pingpong;
   const AttnKernel attn = ac.kernel;
   const int attn_threads = ac.threads, attn_smem = ac.smem, tile_rows = ac.tile_rows;
   // The union kernel of the path set_ctas chose (re-picked by the 1-CTA fallback below).
@@ -578,7 +656,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     }
   }
   side.join();  // the flags are written by union kernels on the side stream
-  if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, ua.rowbm_off >= 0, tile_rows, ac.wgmma, ac.stages, list_rep, total_groups, wave);
+  if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, ua.rowbm_off >= 0, tile_rows, ac, list_rep, total_groups, wave);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
   e = fl.fetch();

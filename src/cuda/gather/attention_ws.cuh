@@ -1,0 +1,410 @@
+// gather_attention, step 2 on sm_90a, warp-specialized (SPARGE_GATHER_PATH=ws; opt-in, NOT RUN ON A
+// GPU yet): the tile walk of attention.cuh -- BM rows of one group over the group's union, 64 union
+// positions per step, each row masked by its own mask word -- split between roles as in the Hopper
+// block-sparse kernel (cuda/attention/sm90/kernel.cuh):
+//   * warpgroup 0, the producer (setmaxnreg down to kProducerRegs): its 128 threads load Q once and
+//     then gather the K and V rows of each step's 64 union positions with 16-byte cp.async straight
+//     into the 128-byte-swizzled layout the wgmma descriptors read (attention_wgmma.cuh, sw128;
+//     zero-fill past the union's end), into a ring of `a.ws_stages` stages (a run-time value: as
+//     many as the shared memory holds by default). K and V of a stage have their own "full" and
+//     "empty" mbarriers, so K of step i + 1 lands while O += P V of step i still reads V.
+//   * warpgroups 1 .. C, the consumers (setmaxnreg up), 64 query rows each (BM = 64 C): per step
+//     S = Q K^T (wgmma ss), the online softmax of attention.cuh (softmax_probs: the same masking and
+//     exp2 arithmetic; the rescale of O is deferred), O += P V (wgmma rs). As in the dense kernel the
+//     step-i turn issues S_i and PV_{i-1} together, waits for S_i only and runs softmax_i while
+//     PV_{i-1} is still on the tensor cores; with C = 2 the two warpgroups take turns issuing
+//     (pingpong on named barriers 2 and 3), so one's softmax overlaps the other's GEMMs.
+// C (1 or 2 consumer warpgroups) is a template parameter chosen by the host from the group's rows:
+// 2 (BM 128) for groups of more than 64 rows -- PERF.md's 256-row groups are two CTAs that gather
+// the same keys (the second from L2); 1 (BM 64, 256 threads, two CTAs per SM at hd128 with 3
+// stages) for groups of at most 64 rows, where a second warpgroup would only hold rows past the
+// group's end (their mask words are 0) and double the MMA work for nothing. SPARGE_GATHER_WS_WG
+// overrides it (gather.cu).
+//
+// The tile invariant is attention.cuh's: one K/V load serves all BM rows because they read the
+// same kv head; each row keeps its own mask, so the rows are interchangeable for the loads only.
+//
+// Handing cp.async writes to wgmma (the async proxy). cp.async (the non-bulk one) writes shared
+// memory through the generic proxy; wgmma reads its shared-memory operands through the async
+// proxy, so between the two there must be (1) a synchronization that makes the copies' writes
+// visible to the consuming threads and (2) a fence.proxy.async on the causality path from the
+// writes to the wgmma. Two producer modes (a.ws_arrive_wait, SPARGE_GATHER_WS_ARRIVE):
+//   * noinc (default): each producer thread issues its copies of a stage and then
+//     cp.async.mbarrier.arrive.noinc on the stage's "full" barrier (initialised with 128 = the
+//     producer threads; .noinc: the arrival counts as one of those 128, instead of raising the
+//     pending count by one). The hardware performs the arrive-on once all of the thread's earlier
+//     cp.async have completed, so the phase completes when every copy of the stage has landed, and
+//     a consumer thread whose try_wait (acquire) observes the phase sees those writes. The
+//     producer does not block on its copies (up to `stages` steps in flight).
+//   * wait (fallback, for diagnosis): the copies of K_i and V_i are committed as groups; a thread
+//     waits for its K_i group (cp.async.wait_group 1, after V_i is issued) and its V_i group (after
+//     K_{i+1} is issued), executes fence.proxy.async.shared::cta and then a plain mbarrier.arrive
+//     (release) -- the writer-side fence of attention_wgmma.cuh. At most ~1.5 steps in flight.
+// In both modes every consumer thread executes fence.proxy.async.shared::cta right after its wait
+// on a "full" barrier and before the wgmmas that read the stage: the PTX memory model orders a
+// generic-proxy write before an async-proxy read when a proxy fence lies on the causality path
+// between them (here: copy -> arrive-on -> try_wait -> fence -> wgmma), which is what makes the
+// noinc mode correct -- no producer thread can fence writes that complete after it has moved on.
+// (In the wait mode the consumer fence is redundant and costs one fence per stage and thread.)
+// Write-after-read: a stage is refilled only after every consumer warp has arrived on its "empty"
+// barrier, which each does after the wgmma_wait that retires its reads of the stage (as the dense
+// kernel does with TMA refills).
+//
+// Barrier phases: use u (0, 1, ...) of ring stage b = u % S waits for parity (u / S) & 1 on "full"
+// (consumers) and for the complement on "empty" (producer; a fresh barrier's preceding phase counts
+// as complete, so the first S uses do not wait): the Ring of cuda/attention/sm90/kernel.cuh.
+// Deadlock freedom (S >= 2): the producer's wait for "empty" of step i needs PV of step i - S, which
+// the consumers issue in step i - S + 1, after "full" of K_{i-S+1} and V_{i-S}; both were completed
+// (noinc) or arrived (wait mode: V_{i-S} after K_{i-S+1} is issued, K_{i-S+1} at the end of its
+// iteration) in producer iterations <= i - 1.
+#pragma once
+
+#include "cuda/attention/sm90/pipeline.cuh"
+#include "cuda/attention/sm90/wgmma.cuh"
+#include "cuda/gather/attention_wgmma.cuh"
+
+namespace sparge::cuda::gather {
+
+constexpr int kWsMaxStages = 8;
+
+// Launch shape of the warp-specialized kernel with C consumer warpgroups.
+template <int C>
+struct WsShape {
+  static_assert(C == 1 || C == 2, "one or two consumer warpgroups");
+  static constexpr int kConsumers = C;
+  static constexpr int kThreads = 128 * (C + 1);
+  static constexpr int kBM = 64 * C;
+  // BM 64: two CTAs per SM (registers and, at hd128, 3 stages of shared memory each).
+  static constexpr int kMinBlocks = C == 1 ? 2 : 1;
+  // setmaxnreg budgets (as Traits in sm90/kernel.cuh): the CTA's launch registers, the producer
+  // keeps kProducerRegs (it computes 16 addresses per stage and prefetches the next step's union
+  // keys), the consumers share the rest (at most 240): hd128 BM 128 216, BM 64 184.
+  static constexpr int kProducerRegs = 72;  // 56 and 64 spilled (ptxas, hd128)
+  static constexpr int kLaunchRegs = (65536 / (kThreads * kMinBlocks)) / 8 * 8;
+  static constexpr int kConsumerRegsRaw = ((kLaunchRegs * kThreads - kProducerRegs * 128) / (128 * C)) / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
+  static constexpr int tile_bytes(int d) { return 64 * d * 2; }
+  static constexpr int barrier_bytes(int stages) { return 8 * (1 + 4 * stages); }
+  // Q (C tiles) + stages x (K, V), plus 1024 bytes: the slack that aligns the tiles to the
+  // 1024-byte swizzle atom also holds the barriers when it is large enough, else they follow the
+  // tiles (barrier_bytes <= 264 < 1024, so the sum is enough either way).
+  static constexpr int smem_bytes(int d, int stages) { return (C + 2 * stages) * tile_bytes(d) + 1024; }
+};
+
+__device__ __forceinline__ void cp_async_arrive_noinc(std::uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Waits for every cp.async of the thread, committed to a group or not (cp.async.wait_group only
+// covers committed groups; noinc-mode copies are in none).
+__device__ __forceinline__ void cp_async_wait_every() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Keeps the compiler from moving writes of P (the A operand of an in-flight wgmma) above the wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(std::uint32_t (&p)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[i][e])::"memory");
+}
+
+// The producer's copies of one K (or V) tile: thread pt owns chunk pt % kChunks of rows
+// pt / kChunks + it * (128 / kChunks); key[it] < 0: past the union (zero-filled).
+template <class T, int D>
+__device__ __forceinline__ void ws_copy_tile(const T* src, std::int64_t row_stride, const int (&key)[D / 16],
+                                             unsigned char* dst, int pt) {
+  constexpr int kChunks = D / 8;
+  constexpr int kRowStep = 128 / kChunks;
+  const int chunk = pt % kChunks;
+#pragma unroll
+  for (int it = 0; it < D / 16; ++it) {
+    const int row = pt / kChunks + it * kRowStep;
+    const bool valid = key[it] >= 0;
+    const std::int64_t j = valid ? key[it] : 0;
+    cp_async16(dst + sw128(row, chunk), src + j * row_stride + chunk * 8, valid);
+  }
+}
+
+template <class T, int D, int C>
+__global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) attention_ws_kernel(const AttnArgs a) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  namespace wg = ::sparge::cuda::attn::sm90;
+  using Sh = WsShape<C>;
+  static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  constexpr int kChunks = D / 8;
+  constexpr int kIt = D / 16;                   // 16-byte chunks per producer thread and tile
+  constexpr int kNT = kBN / 8;                  // n-tiles of S
+  constexpr int kDT = D / 8;                    // n-tiles of O
+  constexpr std::uint32_t kTile = 64 * D * 2;   // bytes of a 64-row tile (Q per warpgroup, K, V)
+  constexpr std::uint32_t kSlab = 8192;         // 64 rows x 128 bytes
+  constexpr int kTurnBarrier = 2;               // named barriers 2, 3: the consumers' pingpong turns
+  extern __shared__ unsigned char smem_raw[];
+
+  const int stages = a.ws_stages;
+  const std::uint32_t pad = (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
+  unsigned char* sq = smem_raw + pad;           // [C][64 rows][D]
+  unsigned char* skv = sq + C * kTile;          // stage b: K at skv + 2 b kTile, V right after
+  const std::uint32_t bar_bytes = 8u * static_cast<std::uint32_t>(1 + 4 * stages);
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(pad >= bar_bytes ? smem_raw : skv + 2 * stages * kTile);
+  std::uint64_t* q_full = bars;
+  std::uint64_t* k_full = bars + 1;
+  std::uint64_t* v_full = bars + 1 + stages;
+  std::uint64_t* k_empty = bars + 1 + 2 * stages;
+  std::uint64_t* v_empty = bars + 1 + 3 * stages;
+
+  const Geometry& geo = a.geo;
+  const int w = static_cast<int>(blockIdx.y);
+  const GroupPos gp = group_pos(geo, a.first_group + w);
+  const int row0 = static_cast<int>(blockIdx.x) * Sh::kBM;
+  if (row0 >= gp.rows) return;  // the group's last positions were cut off by Sq (whole CTA)
+  const int tid = static_cast<int>(threadIdx.x);
+  const int U = a.scratch.union_size[w];
+  const std::int32_t* keys = a.scratch.union_keys + w * a.scratch.ucap;
+  const int nblk = (U + kBN - 1) / kBN;
+
+  if (tid == 0) {
+    wg::barrier_init(q_full, 128);
+    for (int b = 0; b < stages; ++b) {
+      wg::barrier_init(k_full + b, 128);
+      wg::barrier_init(v_full + b, 128);
+      wg::barrier_init(k_empty + b, C * 4);
+      wg::barrier_init(v_empty + b, C * 4);
+    }
+    wg::barrier_init_fence();
+  }
+  __syncthreads();
+
+  const int role = __shfl_sync(0xffffffffu, tid / 128, 0);  // warpgroup, provably warp-uniform
+  if (role == 0) {
+    // ---- producer ------------------------------------------------------------------------------
+    wg::registers_release<Sh::kProducerRegs>();
+    const int pt = tid;
+    const bool wait_mode = a.ws_arrive_wait != 0;
+    // Q rows of the tile (zero past the group's rows), completed on q_full.
+    {
+      const T* qb = static_cast<const T*>(a.q) + gp.b * a.q0;
+#pragma unroll 4
+      for (int it = 0; it < Sh::kBM * kChunks / 128; ++it) {
+        const int idx = pt + it * 128;
+        const int r = idx / kChunks, chunk = idx % kChunks;
+        const int gr = row0 + r;
+        const bool valid = gr < gp.rows;
+        const std::int64_t i = valid ? gp.i0 + gr / geo.g : 0;
+        const std::int64_t h = valid ? gp.hk * geo.g + gr % geo.g : 0;
+        cp_async16(sq + (r >> 6) * kTile + sw128(r & 63, chunk), qb + i * a.q1 + h * a.q2 + chunk * 8, valid);
+      }
+      if (wait_mode) {
+        cp_async_wait_every();
+        fence_proxy_async_smem();
+        wg::barrier_arrive(q_full);
+      } else {
+        cp_async_arrive_noinc(q_full);
+      }
+    }
+    const T* kb = static_cast<const T*>(a.k) + gp.b * a.k0 + gp.hk * a.k2;
+    const T* vb = static_cast<const T*>(a.v) + gp.b * a.v0 + gp.hk * a.v2;
+    // The union keys of this thread's rows, one step ahead (L2 latency off the issue path).
+    auto load_keys = [&](int blk, int (&key)[kIt]) {
+#pragma unroll
+      for (int it = 0; it < kIt; ++it) {
+        const int u = blk * kBN + pt / kChunks + it * (128 / kChunks);
+        key[it] = blk < nblk && u < U ? keys[u] : -1;
+      }
+    };
+    int key[kIt], key_next[kIt];
+    load_keys(0, key);
+    int b = 0, b_prev = 0;
+    std::uint32_t phase = 0;
+#pragma unroll 1
+    for (int blk = 0; blk < nblk; ++blk) {
+      load_keys(blk + 1, key_next);
+      unsigned char* sk = skv + b * 2 * kTile;
+      wg::barrier_wait(k_empty + b, phase ^ 1);
+      ws_copy_tile<T, D>(kb, a.k1, key, sk, pt);
+      if (wait_mode) {
+        cp_async_commit();
+        if (blk > 0) {  // V of the previous step: every group but K_blk has landed
+          cp_async_wait<1>();
+          fence_proxy_async_smem();
+          wg::barrier_arrive(v_full + b_prev);
+        }
+      } else {
+        cp_async_arrive_noinc(k_full + b);
+      }
+      wg::barrier_wait(v_empty + b, phase ^ 1);
+      ws_copy_tile<T, D>(vb, a.v1, key, sk + kTile, pt);
+      if (wait_mode) {
+        cp_async_commit();
+        cp_async_wait<1>();  // K_blk has landed (V_blk may still be in flight)
+        fence_proxy_async_smem();
+        wg::barrier_arrive(k_full + b);
+      } else {
+        cp_async_arrive_noinc(v_full + b);
+      }
+#pragma unroll
+      for (int it = 0; it < kIt; ++it) key[it] = key_next[it];
+      b_prev = b;
+      if (++b == stages) {
+        b = 0;
+        phase ^= 1;
+      }
+    }
+    if (wait_mode && nblk > 0) {
+      cp_async_wait<0>();
+      fence_proxy_async_smem();
+      wg::barrier_arrive(v_full + b_prev);
+    }
+    cp_async_wait_every();  // no copy outlives its thread
+  } else {
+    // ---- consumers -----------------------------------------------------------------------------
+    wg::registers_claim<Sh::kConsumerRegs>();
+    const int cw = role - 1;                    // consumer warpgroup
+    const int ct = tid - 128 * role;            // thread within it
+    const int lane = ct & 31, warp = ct >> 5;   // warp within the warpgroup
+    const bool pingpong = C == 2 && a.ws_pingpong != 0;
+    // This thread's two rows: r = lane / 4 and r + 8 of the warp's 16 rows of the warpgroup's 64.
+    const int gr_lo = row0 + cw * 64 + warp * 16 + (lane >> 2);
+    const int gr_hi = gr_lo + 8;
+    const int tq = lane & 3;
+    const unsigned long long* masks = a.scratch.masks + w * a.scratch.words_cap * geo.rows;
+    auto mask_word = [&](int blk, int gr) {
+      return blk < nblk && gr < gp.rows ? masks[static_cast<std::int64_t>(blk) * geo.rows + gr] : 0ull;
+    };
+    // Pingpong turns: each warpgroup takes nblk + 1 turns (or none when the union is empty);
+    // warpgroup 1 opens with an arrive on warpgroup 0's barrier, warpgroup 0 closes with a sync on
+    // it, so both named barriers are balanced at exit.
+    auto turn_begin = [&] {
+      if (pingpong) wg::named_barrier_sync(kTurnBarrier + cw, 256);
+    };
+    auto turn_end = [&] {
+      if (pingpong) wg::named_barrier_arrive(kTurnBarrier + (cw ^ 1), 256);
+    };
+    auto release = [&](std::uint64_t* bar) {
+      __syncwarp();
+      if (lane == 0) wg::barrier_arrive(bar);
+    };
+    // Wait for a "full" barrier, then the proxy fence (see the header: copies -> wgmma).
+    auto acquire = [&](std::uint64_t* bar, std::uint32_t parity) {
+      wg::barrier_wait(bar, parity);
+      fence_proxy_async_smem();
+    };
+
+    float o[kDT][4];
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY};
+    float l[2] = {0.0f, 0.0f};
+    float s[kNT][4];
+    std::uint32_t p[kBN / 16][4];
+    float alpha[2];
+    const std::uint32_t q_addr = smem_addr(sq + cw * kTile);
+    auto issue_qk = [&](int st) {
+      const std::uint32_t k_addr = smem_addr(skv + st * 2 * kTile);
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        wg::Wgmma<T, 64>::ss(s, wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k_addr, kSlab, ks), ks > 0 ? 1 : 0);
+      }
+      wg::wgmma_commit();
+    };
+    auto issue_pv = [&](int st) {
+      const std::uint32_t v_addr = smem_addr(skv + st * 2 * kTile + kTile);
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], wg::mn_major_desc(v_addr, kSlab, kk));
+      wg::wgmma_commit();
+    };
+    // O *= alpha (after the previous PV has retired), then P packed (per warp the A-fragment layout
+    // of m64nNk16) for the next turn's PV.
+    auto rescale_and_pack = [&] {
+      rescale_o<kDT>(o, alpha);
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        p[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+        p[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+        p[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        p[kk][3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+    };
+
+    if (pingpong && cw == 1) wg::named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
+    acquire(q_full, 0);
+    if (nblk > 0) {
+      // The rows' mask words (L2) two steps ahead: a step of the pingpong pair is about as long as
+      // an L2 round trip under load.
+      unsigned long long mask_lo = mask_word(0, gr_lo), mask_hi = mask_word(0, gr_hi);
+      unsigned long long next_lo = mask_word(1, gr_lo), next_hi = mask_word(1, gr_hi);
+      unsigned long long next2_lo = mask_word(2, gr_lo), next2_hi = mask_word(2, gr_hi);
+      // Step 0: S_0 alone.
+      int b_prev = 0;
+      std::uint32_t ph_prev = 0;
+      int b = stages > 1 ? 1 : 0;
+      std::uint32_t ph = stages > 1 ? 0u : 1u;
+      acquire(k_full, 0);
+      turn_begin();
+      wg::wgmma_fence();
+      wg::fence_accumulator(s);
+      issue_qk(0);
+      turn_end();
+      wg::wgmma_wait<0>();
+      wg::fence_accumulator(s);
+      release(k_empty);
+      {
+        // Warp-uniform: all 16 rows of the warp list all 64 positions (no per-element select).
+        const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
+        softmax_probs<kNT>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
+      }
+      rescale_and_pack();
+#pragma unroll 1
+      for (int blk = 1; blk < nblk; ++blk) {
+        mask_lo = next_lo;
+        mask_hi = next_hi;
+        next_lo = next2_lo;
+        next_hi = next2_hi;
+        next2_lo = mask_word(blk + 2, gr_lo);
+        next2_hi = mask_word(blk + 2, gr_hi);
+        acquire(k_full + b, ph);
+        acquire(v_full + b_prev, ph_prev);
+        turn_begin();
+        wg::wgmma_fence();
+        wg::fence_accumulator(s);
+        wg::fence_accumulator(o);
+        issue_qk(b);
+        issue_pv(b_prev);
+        turn_end();
+        wg::wgmma_wait<1>();  // S_blk (PV_{blk-1}, committed after it, may still run)
+        wg::fence_accumulator(s);
+        release(k_empty + b);
+        const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
+        softmax_probs<kNT>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
+        wg::wgmma_wait<0>();
+        wg::fence_accumulator(o);
+        fence_regs(p);
+        release(v_empty + b_prev);
+        rescale_and_pack();
+        b_prev = b;
+        ph_prev = ph;
+        if (++b == stages) {
+          b = 0;
+          ph ^= 1;
+        }
+      }
+      // PV of the last step.
+      acquire(v_full + b_prev, ph_prev);
+      turn_begin();
+      wg::wgmma_fence();
+      wg::fence_accumulator(o);
+      issue_pv(b_prev);
+      turn_end();
+      wg::wgmma_wait<0>();
+      wg::fence_accumulator(o);
+      fence_regs(p);
+      release(v_empty + b_prev);
+    }
+    if (pingpong && cw == 0) wg::named_barrier_sync(kTurnBarrier + 0, 256);  // warpgroup 1's last turn_end
+    epilogue<T, kDT>(a, gp, o, m, l, gr_lo, tq);
+  }
+#else
+  __trap();  // the host selects this kernel on sm_90 only
+#endif
+}
+
+}  // namespace sparge::cuda::gather
