@@ -598,7 +598,8 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {"fold", o, o, "1", "small", o},  {o, o, o, o, "big128", o},     {o, o, o, o, o, "search"},
       {o, o, o, o, "big128", "search"}, {o, o, "async", o, o, o},      {o, o, "async3", o, o, o},
       {o, o, "async4x4", o, o, o},      {"fold", "1", "async", "1", o, o}, {o, "1", o, o, o, o, "1"},
-      {"fold", o, "async3", o, o, o, "1"}, {o, o, o, o, o, "load1st12"}};
+      {"fold", o, "async3", o, o, o, "1"}, {o, o, o, o, o, "load1st12"}, {o, o, "stream3", o, o, o, o},
+      {o, o, "stream4x4", o, o, o, o},  {"fold", "1", "stream4x4", o, o, o, "1"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };

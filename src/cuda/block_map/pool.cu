@@ -72,6 +72,21 @@ struct PassArgs {
   unsigned long long* ticket = nullptr;
 };
 
+// The rows of pooling item (si, h, b) of segment sg: row r (< n) starts at row0 + r * x.stride[1].
+struct ItemRows {
+  const std::uint16_t* row0;
+  int n;
+};
+__device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
+                                              std::int64_t b) {
+  const Seq seq = sequence(g, si);
+  const std::int64_t len = sg.is_k ? seq.k_len : seq.q_len;
+  const std::int64_t begin = (sg.is_k ? seq.k_begin : seq.q_begin) + b * sg.blk;
+  const Rows& x = sg.x;
+  return {x.data + seq.batch * x.stride[0] + begin * x.stride[1] + h * x.stride[2],
+          static_cast<int>(clamp64(len - b * sg.blk, 0, sg.blk))};
+}
+
 // PREFETCH: the loads of the item's next batch are issued before the current batch is added up
 // (two register sets); without it a warp alternates between loading a batch and adding it. The
 // arithmetic is the same either way (same bits).
@@ -86,9 +101,17 @@ struct PassArgs {
 // added up, so a warp keeps loads in flight while it adds and needs one register set. Each lane
 // reads back only the slots it copied into (it waits for its own cp.async groups; no warp
 // barrier). Rows past the item and lanes past D / 8 get zero-filled slots, as `fetch` gives zeros.
-template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT, int STAGES = 0>
+// STREAM (with STAGES > 0): the ring is fed by the warp's stream of batches over all its items
+// (`next`, pass_kernel's issue cursor, which may already be in a later item), so loads stay in
+// flight across item boundaries; `cslot` is the ring stage of the next batch to add up.
+struct NoNext {
+  __device__ void operator()() const {}
+};
+template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT, int STAGES = 0, bool STREAM = false,
+          class Next = NoNext>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
-                                          std::int64_t b, uint4* ring = nullptr) {
+                                          std::int64_t b, uint4* ring = nullptr, int* cslot = nullptr,
+                                          const Next* next = nullptr) {
   constexpr int kBatch = BATCH;  // shadows the file's default
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
@@ -97,16 +120,14 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
   const bool col_ok = sub < g.d / 8;
   {
     const std::int64_t o = (si * sg.heads + h) * sg.nblk + b;  // output row
-    const Seq seq = sequence(g, si);
-    const std::int64_t len = sg.is_k ? seq.k_len : seq.q_len;
-    const std::int64_t begin = (sg.is_k ? seq.k_begin : seq.q_begin) + b * sg.blk;
-    const int n = static_cast<int>(clamp64(len - b * sg.blk, 0, sg.blk));
+    const ItemRows rows = item_rows(g, sg, si, h, b);
+    const int n = rows.n;
     const bool pool = sg.pool;
 
     // Row r of the item starts at row0 + r * rstep (elements); this lane's 8 values follow at
     // column step cstep (1 with vector loads).
     const Rows& x = sg.x;
-    const std::uint16_t* row0 = x.data + seq.batch * x.stride[0] + begin * x.stride[1] + h * x.stride[2];
+    const std::uint16_t* row0 = rows.row0;
     const std::int64_t rstep = x.stride[1], cstep = x.stride[3];
     const auto fetch = [&](uint4 (&raw)[kBatch], int s0) {
 #pragma unroll
@@ -186,7 +207,21 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       }
     };
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
-    if constexpr (STAGES > 0) {
+    if constexpr (STREAM) {
+      static_assert(VEC && !PREFETCH && STAGES > 1, "the streamed ring takes 16-byte rows");
+      const int nb = (n + kRowsPerBatch - 1) / kRowsPerBatch;
+      for (int t = 0; t < nb; ++t) {
+        // The stream's next batch into the stage this warp added up last (in registers by now).
+        (*next)();
+        cp_async_wait<STAGES - 1>();  // batch t of this item has landed (this lane's own copies)
+        uint4 cur[kBatch];
+        const uint4* slot = ring + *cslot * (kBatch * 32) + lane;
+        *cslot = *cslot + 1 == STAGES ? 0 : *cslot + 1;
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) cur[u] = slot[u * 32];
+        consume_any(cur, t * kRowsPerBatch);
+      }
+    } else if constexpr (STAGES > 0) {
       static_assert(VEC && !PREFETCH, "the cp.async ring takes 16-byte rows");
       const int nb = (n + kRowsPerBatch - 1) / kRowsPerBatch;  // batches of the item
       // Batch t into ring stage t % STAGES; past the last batch an empty group, so that every
@@ -342,7 +377,10 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 // The plain pass: a 1-D grid-stride loop over the items of one or two segments.
 // STAGES > 0: the cp.async ring of pool_item, STAGES * BATCH * 512 bytes of dynamic shared memory
 // per warp.
-template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch, int STAGES = 0>
+// STREAM: the ring is fed across items (pool_item's STREAM); the items of a warp are w0, w0 + grid
+// warps, ... (no ticket), so the issue cursor below walks the same sequence as the item loop.
+template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch, int STAGES = 0,
+          bool STREAM = false>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
   extern __shared__ uint4 pool_ring[];
@@ -357,18 +395,62 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     return static_cast<std::int64_t>(__shfl_sync(0xffffffffu, t, 0));
   };
   const std::int64_t w0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  for (std::int64_t w = a.ticket == nullptr ? w0 : next(0); w < total; w = next(w)) {
+  // Item w: its segment and (sequence, head, block).
+  const auto locate = [&](std::int64_t w, const Segment*& sgp, std::int64_t& si, std::int64_t& h, std::int64_t& b) {
     const bool first = w < a.seg[0].count;
-    const Segment* sgp = first ? &a.seg[0] : &a.seg[1];  // __grid_constant__: no copy
-    const Segment& sg = *sgp;
+    sgp = first ? &a.seg[0] : &a.seg[1];  // __grid_constant__: no copy
     std::int64_t i = first ? w : w - a.seg[0].count;
-    if (sg.reverse) i = sg.count - 1 - i;
+    if (sgp->reverse) i = sgp->count - 1 - i;
+    decode_item(*sgp, i, a.small, si, h, b);
+  };
+  // STREAM: the issue cursor (item iw, its next batch it of inb, ring stage istage), STAGES - 1
+  // batches ahead of the adding; past the warp's last item it commits empty groups.
+  constexpr int kRowsPerStep = 32 / LANES, kRowsPerBatch = BATCH * kRowsPerStep;
+  const int sub = lane % LANES, grp = lane / LANES;
+  const bool col_ok = sub < a.g.d / 8;
+  std::int64_t iw = w0, irstep = 0;
+  int it = 0, inb = 0, in_rows = 0, istage = 0, cslot = 0;
+  const std::uint16_t* irow0 = nullptr;
+  const auto view = [&]() {  // item iw's rows
+    const Segment* sgp;
+    std::int64_t si, h, b;
+    locate(iw, sgp, si, h, b);
+    const ItemRows v = item_rows(a.g, *sgp, si, h, b);
+    irow0 = v.row0, in_rows = v.n, irstep = sgp->x.stride[1];
+    inb = (in_rows + kRowsPerBatch - 1) / kRowsPerBatch, it = 0;
+  };
+  const auto issue_next = [&]() {
+    while (iw < total && it >= inb) {
+      iw += stride;
+      if (iw < total) view();
+    }
+    if (iw < total) {
+      uint4* slot = ring + istage * (BATCH * 32) + lane;
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u) {
+        const int r = it * kRowsPerBatch + u * kRowsPerStep + grp;
+        const bool ok = col_ok && r < in_rows;
+        cp_async16(slot + u * 32, ok ? irow0 + r * irstep + sub * 8 : irow0, ok);
+      }
+      ++it;
+      istage = istage + 1 == STAGES ? 0 : istage + 1;
+    }
+    cp_async_commit();
+  };
+  if constexpr (STREAM) {
+    if (iw < total) view();
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) issue_next();
+  }
+  for (std::int64_t w = (STREAM || a.ticket == nullptr) ? w0 : next(0); w < total; w = STREAM ? w + stride : next(w)) {
+    const Segment* sgp;
     std::int64_t h, b, si;
-    decode_item(sg, i, a.small, si, h, b);
+    locate(w, sgp, si, h, b);
+    const Segment& sg = *sgp;
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, PREFETCH, VEC, BATCH, true, STAGES>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, PREFETCH, VEC, BATCH, true, STAGES, STREAM>(a.g, sg, si, h, b, ring, &cslot, &issue_next);
     } else {
-      pool_item<T, LANES, PREFETCH, VEC, BATCH, false, STAGES>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, PREFETCH, VEC, BATCH, false, STAGES, STREAM>(a.g, sg, si, h, b, ring, &cslot, &issue_next);
     }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
@@ -444,9 +526,14 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 //   async: loads through a per-warp cp.async ring of 2 batches (one ahead), 3 CTAs per SM;
 //   async3: a ring of 3 batches (two ahead), 2 CTAs per SM; async4x4: a ring of 4 batches of 4
 //   steps (three ahead), 3 CTAs per SM (all 64 or 96 KB of shared memory per CTA).
-enum class PoolVariant { kPrefetch, kBase, kBase3, kWide, kSmall4, kAsync, kAsync3, kAsync4x4 };
+//   stream3, stream4x4: the rings of async3 / async4x4 fed across items (a warp's loads stay in
+//   flight from one item into the next), on a grid of the resident CTAs (warp w takes items w,
+//   w + grid warps, ...; SPARGE_BLOCKMAP_TICKET does not apply).
+enum class PoolVariant { kPrefetch, kBase, kBase3, kWide, kSmall4, kAsync, kAsync3, kAsync4x4, kStream3, kStream4x4 };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
+  if (v != nullptr && std::strcmp(v, "stream3") == 0) return PoolVariant::kStream3;
+  if (v != nullptr && std::strcmp(v, "stream4x4") == 0) return PoolVariant::kStream4x4;
   if (v != nullptr && std::strcmp(v, "async") == 0) return PoolVariant::kAsync;
   if (v != nullptr && std::strcmp(v, "async3") == 0) return PoolVariant::kAsync3;
   if (v != nullptr && std::strcmp(v, "async4x4") == 0) return PoolVariant::kAsync4x4;
@@ -526,10 +613,12 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
         kernel<<<pass_grid(kernel, grid, resident_only), kPoolThreads, 0, st>>>(a);
       };
       // The cp.async ring variants: STAGES * BATCH * 512 bytes of dynamic shared memory per warp.
-      const auto go_ring = [&](auto kernel, int stages, int batch) {
+      const auto go_ring = [&](auto kernel, int stages, int batch, bool stream = false) {
         const int bytes = kWarps * stages * batch * 32 * static_cast<int>(sizeof(uint4));
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return;
-        kernel<<<pass_grid(kernel, grid, resident_only, bytes), kPoolThreads, bytes, st>>>(a);
+        PassArgs b = a;
+        if (stream) b.ticket = nullptr;  // the stream walks its items by the grid stride
+        kernel<<<pass_grid(kernel, grid, resident_only || stream, bytes), kPoolThreads, bytes, st>>>(b);
       };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, false, 2>);
@@ -547,6 +636,10 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
         go_ring(pass_kernel<T, L, false, true, 2, kBatch, 3>, 3, kBatch);
       } else if (variant == PoolVariant::kAsync4x4) {
         go_ring(pass_kernel<T, L, false, true, 3, 4, 4>, 4, 4);
+      } else if (variant == PoolVariant::kStream3) {
+        go_ring(pass_kernel<T, L, false, true, 2, kBatch, 3, true>, 3, kBatch, true);
+      } else if (variant == PoolVariant::kStream4x4) {
+        go_ring(pass_kernel<T, L, false, true, 3, 4, 4, true>, 4, 4, true);
       } else {
         go_kernel(pass_kernel<T, L, false, true, 3>);
       }
@@ -609,6 +702,8 @@ const char* pool_variant_name() {
     case PoolVariant::kAsync: return "async";
     case PoolVariant::kAsync3: return "async3";
     case PoolVariant::kAsync4x4: return "async4x4";
+    case PoolVariant::kStream3: return "stream3";
+    case PoolVariant::kStream4x4: return "stream4x4";
     default: return "base3";
   }
 }
