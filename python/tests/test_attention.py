@@ -238,3 +238,35 @@ def test_block_map_attention_sink_and_per_head_topk(device):
     nk = utils.num_blocks(s, sparge.DEFAULT_BLKK)
     for h, t in enumerate(per_head):
         assert (c_list[0, h] == max(1, int(t * nk))).all(), f"head {h}"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_fp8_recipe(device):
+    """recipe="fp8" (docs/quantized.md): close to the unquantized result, finite, LSE close; on CUDA also
+    close to the CPU specification; an unknown recipe is a ValueError naming it."""
+    _skip_unless(device)
+    gen = torch.Generator().manual_seed(7)
+    b, hq, hk, sq, sk, d, blkq, blkk = 1, 4, 2, 384, 512, 128, 128, 64
+    q, k, v = randn_qkv(b, hq, hk, sq, sk, d, torch.float16, device, "HND", gen)
+    k = k + 2.0  # a K bias for the smoothing to remove
+    lut, counts = _random_lut(b, hq, sq, sk, blkq, blkk, 0.5, gen, device)
+    if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(ValueError):
+            sparge.block_sparse_attn(q, k, v, lut, counts, blkq=blkq, blkk=blkk, recipe="fp8")
+        return
+    o8, lse8 = sparge.block_sparse_attn(q, k, v, lut, counts, blkq=blkq, blkk=blkk, recipe="fp8", return_lse=True)
+    o16, lse16 = sparge.block_sparse_attn(q, k, v, lut, counts, blkq=blkq, blkk=blkk, return_lse=True)
+    assert torch.isfinite(o8).all()
+    assert (o8.float() - o16.float()).abs().max().item() < 0.1
+    finite = torch.isfinite(lse16)
+    assert torch.equal(finite, torch.isfinite(lse8))
+    assert (lse8[finite] - lse16[finite]).abs().max().item() < 0.05
+    if device == "cuda":
+        oc, lsec = sparge.block_sparse_attn(q.cpu(), k.cpu(), v.cpu(), lut.cpu(), counts.cpu(), blkq=blkq, blkk=blkk,
+                                            recipe="fp8", return_lse=True)
+        assert (o8.float().cpu() - oc.float()).abs().max().item() < 0.05
+        assert (lse8.cpu()[finite.cpu()] - lsec[finite.cpu()]).abs().max().item() < 0.02
+        o = sparge.sparge_attn(q, k, v, topk=0.5, blkq=blkq, blkk=blkk, recipe="fp8")
+        assert torch.isfinite(o).all()
+    with pytest.raises(ValueError, match="recipe"):
+        sparge.block_sparse_attn(q, k, v, lut, counts, blkq=blkq, blkk=blkk, recipe="int8")
