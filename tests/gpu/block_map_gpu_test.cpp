@@ -595,8 +595,8 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {"fold", o, o, o, o, o},          {o, "1", o, o, o, o},          {o, o, "prefetch", o, o, o},
       {o, o, "base", o, o, o},          {"fold", "1", "wide", o, o, o}, {o, o, o, "1", o, o},
       {o, "1", "prefetch", "1", o, o},  {o, o, "small4", o, o, o},     {o, o, o, o, "small", o},
-      {"fold", o, o, "1", "small", o},  {o, o, o, o, "big128", o},     {o, o, o, o, o, "search"},
-      {o, o, o, o, "big128", "search"}, {o, o, "async", o, o, o},      {o, o, "async3", o, o, o},
+      {"fold", o, o, "1", "small", o},  {o, o, o, o, "stage", o},      {o, o, o, o, o, "load1st"},
+      {o, o, o, o, "stage", "load1st"}, {o, o, "async", o, o, o},      {o, o, "async3", o, o, o},
       {o, o, "async4x4", o, o, o},      {"fold", "1", "async", "1", o, o}, {o, "1", o, o, o, o, "1"},
       {"fold", o, "async3", o, o, o, "1"}, {o, o, o, o, o, "load1st12"}, {o, o, "stream3", o, o, o, o},
       {o, o, "stream4x4", o, o, o, o},  {"fold", "1", "stream4x4", o, o, o, "1"}};

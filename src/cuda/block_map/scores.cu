@@ -303,15 +303,16 @@ cudaError_t launch_big(const Geometry& g, float scale, const Scratch& s, cudaStr
   return cudaGetLastError();
 }
 
-// SPARGE_BLOCKMAP_SCORES (read per call; every value gives the same bits): unset or `stage`, the
-// staged 128 x 128 kernel where NQ and NK are both >= 128; `big128`, scores_big_kernel there
-// (the default until 2026-11-30); `small` keeps the (TILE/16)^2 micro-tiles for every shape.
+// SPARGE_BLOCKMAP_SCORES (read per call; every value gives the same bits): unset or `big128`,
+// scores_big_kernel where NQ and NK are both >= 128 (the H200-verified default); `stage`, the staged
+// 128 x 128 kernel there (session 4, not yet run on a GPU: opt-in until a device round verifies and
+// times it); `small` keeps the (TILE/16)^2 micro-tiles for every shape.
 enum class BigScores { kNone, kBig128, kStage };
 BigScores big_scores() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
   if (v != nullptr && std::strcmp(v, "small") == 0) return BigScores::kNone;
-  if (v != nullptr && std::strcmp(v, "big128") == 0) return BigScores::kBig128;
-  return BigScores::kStage;
+  if (v != nullptr && std::strcmp(v, "stage") == 0) return BigScores::kStage;
+  return BigScores::kBig128;
 }
 
 template <int TILE>

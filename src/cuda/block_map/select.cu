@@ -741,15 +741,16 @@ cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
 // SPARGE_BLOCKMAP_SELECT=count (read per call) picks the previous selections, for timing
 // comparisons: counting ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
 // The default is the bit search.
-// SPARGE_BLOCKMAP_SELECT=search runs the warp bit search of 2026-11-30 (finish_row_search, loads
-// between the items' work); unset or `load1st`, select_row_kernel (the same bits); `load1st12`, the
-// same kernel capped at 40 registers (same bits).
+// Unset or SPARGE_BLOCKMAP_SELECT=search runs the warp bit search of 2026-11-30 (finish_row_search,
+// loads between the items' work; the H200-verified default); `load1st`, select_row_kernel (the same
+// bits; session 4, not yet run on a GPU: opt-in until a device round verifies and times it);
+// `load1st12`, the same kernel capped at 40 registers (same bits).
 WarpKind warp_kind() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
   if (v != nullptr && std::strcmp(v, "count") == 0) return WarpKind::kCount;
-  if (v != nullptr && std::strcmp(v, "search") == 0) return WarpKind::kSearch;
+  if (v != nullptr && std::strcmp(v, "load1st") == 0) return WarpKind::kLoadFirst;
   if (v != nullptr && std::strcmp(v, "load1st12") == 0) return WarpKind::kLoadFirst12;
-  return WarpKind::kLoadFirst;
+  return WarpKind::kSearch;
 }
 bool cta_search() { return warp_kind() != WarpKind::kCount; }
 
