@@ -9,10 +9,14 @@
 //                      the fp64 mean; every other buffer bitwise equal to the host rule applied
 //                      with the GPU's k_mean (k8 and lse_shift depend on it); outputs poisoned,
 //                      guard regions intact; the same bytes again on a second launch and under
-//                      SPARGE_QUANT_GROUP=1 and =3 (kv heads processed in groups), and with
-//                      SPARGE_QUANT_VARIANT=fused (one persistent launch) at groups 2, 1, 3;
+//                      SPARGE_QUANT_GROUP=1 and =3 (kv heads processed in groups), with
+//                      SPARGE_QUANT_VARIANT=fused (one persistent launch) at groups 2, 1, 3, and with
+//                      SPARGE_QUANT_VARIANT=stream (the pipelined persistent launch) at groups 2, 1,
+//                      3, all (1000) and SPARGE_QUANT_STAGES 2 and 4;
+//   QUANT_GPU_SCHED32 - the stream variant's 32-bit ticket decoding equals schedule.h's decode
+//                      (host arithmetic, no GPU needed);
 //   QUANT_GPU_BENCH  - with SPARGE_BENCH=1, the prepass at b2 Hq=Hk=32 S=16384 D=128 f16: median of
-//                      10 after warmups, bytes moved and GB/s, for each variant and group.
+//                      10 after warmups, bytes moved and GB/s, for each variant, group and stage count.
 // Without a GPU every case skips.
 #include <cuda_runtime.h>
 
@@ -27,6 +31,7 @@
 
 #include "cpu/quant.h"
 #include "cuda/quant/quant.h"
+#include "cuda/quant/schedule.h"
 #include "gpu/gpu_harness.h"
 #include "quant/quant_rule.h"
 #include "sparge/half.h"
@@ -229,15 +234,17 @@ void run_case(const Cfg& c) {
   const cq::QuantShape sh = cq::quant_shape(p);
   Outputs out(sh);
 
-  const auto run = [&](const char* group, const char* variant = nullptr) {
+  const auto run = [&](const char* group, const char* variant = nullptr, const char* stages = nullptr) {
     ScopedEnv env("SPARGE_QUANT_GROUP", group);
     ScopedEnv env_variant("SPARGE_QUANT_VARIANT", variant);
+    ScopedEnv env_stages("SPARGE_QUANT_STAGES", stages);
     out.poison();
     const cudaError_t e = cq::quantize_qkv(p, out.buffers(), nullptr);
     EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
     SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_TRUE(out.guards_intact()) << "guard region overwritten (group " << (group ? group : "default") << ", variant "
-                                     << (variant ? variant : "launches") << ")";
+                                     << (variant ? variant : "launches") << ", stages " << (stages ? stages : "default")
+                                     << ")";
     return download(out);
   };
   const Host gpu = run(nullptr);
@@ -293,9 +300,47 @@ void run_case(const Cfg& c) {
   EXPECT_EQ(diff_all(run(nullptr, "fused"), gpu), "") << "SPARGE_QUANT_VARIANT=fused";
   EXPECT_EQ(diff_all(run("1", "fused"), gpu), "") << "SPARGE_QUANT_VARIANT=fused SPARGE_QUANT_GROUP=1";
   EXPECT_EQ(diff_all(run("3", "fused"), gpu), "") << "SPARGE_QUANT_VARIANT=fused SPARGE_QUANT_GROUP=3";
+  EXPECT_EQ(diff_all(run(nullptr, "stream"), gpu), "") << "SPARGE_QUANT_VARIANT=stream";
+  EXPECT_EQ(diff_all(run("1", "stream"), gpu), "") << "SPARGE_QUANT_VARIANT=stream SPARGE_QUANT_GROUP=1";
+  EXPECT_EQ(diff_all(run("3", "stream"), gpu), "") << "SPARGE_QUANT_VARIANT=stream SPARGE_QUANT_GROUP=3";
+  EXPECT_EQ(diff_all(run("1000", "stream"), gpu), "") << "SPARGE_QUANT_VARIANT=stream SPARGE_QUANT_GROUP=1000 (all)";
+  EXPECT_EQ(diff_all(run(nullptr, "stream", "2"), gpu), "") << "SPARGE_QUANT_VARIANT=stream SPARGE_QUANT_STAGES=2";
+  EXPECT_EQ(diff_all(run("1", "stream", "4"), gpu), "") << "SPARGE_QUANT_VARIANT=stream SPARGE_QUANT_GROUP=1 SPARGE_QUANT_STAGES=4";
+}
+
+// The stream variant's 32-bit ticket decoding (schedule.h's FastDiv, Schedule32) against the 64-bit
+// decode the CPU test QUANT_SCHED checks: host arithmetic, runs without a GPU.
+void check_schedule32() {
+  std::mt19937_64 rng(20261130);
+  std::vector<std::uint32_t> divisors = {1, 2, 3, 5, 7, 64, 127, 128, 129, 255, 256, 257, 1000, 65535, 65536, 65537,
+                                         (1u << 30) - 1, 1u << 30, (1u << 30) + 1, (1u << 31) - 1};
+  for (int i = 0; i < 300; ++i) divisors.push_back(static_cast<std::uint32_t>(1 + rng() % ((1ull << 31) - 1)));
+  for (int i = 0; i < 300; ++i) divisors.push_back(static_cast<std::uint32_t>(1 + rng() % 5000));
+  for (const std::uint32_t d : divisors) {
+    const cq::FastDiv f(d);
+    std::vector<std::uint32_t> ns = {0, 1, d - 1, d, d + 1, (1u << 31) - 1, (1u << 31) - 2, 2 * d - 1, 2 * d};
+    for (int i = 0; i < 1000; ++i) ns.push_back(static_cast<std::uint32_t>(rng() % (1ull << 31)));
+    for (const std::uint32_t n : ns) {
+      if (n >= (1u << 31)) continue;
+      ASSERT_EQ(f.div(n), n / d) << "FastDiv(" << d << ").div(" << n << ")";
+    }
+  }
+  for (const std::int64_t pairs : {1, 2, 3, 5, 16, 67})
+    for (const std::int64_t group : {1, 2, 3, 8, 1000})
+      for (const std::int64_t nch : {1, 2, 3, 129, 256})
+        for (const std::int64_t qper : {1, 5, 384, 513}) {
+          const cq::Schedule s{pairs, std::min(group, pairs), nch, qper};
+          const cq::Schedule32 s32(s);
+          for (std::int64_t t = 0; t < s.total(); ++t) {
+            const cq::Item a = cq::decode(s, t), b = s32.decode(static_cast<std::uint32_t>(t));
+            ASSERT_TRUE(a.stats == b.stats && a.pair == b.pair && a.index == b.index)
+                << "pairs " << pairs << " group " << group << " nch " << nch << " qper " << qper << " ticket " << t;
+          }
+        }
 }
 
 SPARGE_CASES(QuantGpu) {
+  cases.push_back({"QUANT_GPU_SCHED32(host)", [] { check_schedule32(); }});
   cases.push_back({"QUANT_GPU_E4M3(all 2^32 floats)", [] {
                      if (!have_gpu()) GTEST_SKIP() << "no GPU";
                      int dev = 0, major = 0, minor = 0;
@@ -373,14 +418,19 @@ SPARGE_CASES(QuantGpu) {
                        const char* variant;
                        const char* group;
                        bool smooth;
+                       const char* stages = nullptr;
                      };
                      for (const Variant var :
                           {Variant{nullptr, nullptr, true}, Variant{nullptr, "1", true}, Variant{nullptr, "2", true},
                            Variant{nullptr, "4", true}, Variant{nullptr, "8", true}, Variant{"fused", "1", true},
                            Variant{"fused", "2", true}, Variant{"fused", "4", true}, Variant{"fused", "8", true},
-                           Variant{nullptr, nullptr, false}, Variant{"fused", "2", false}}) {
+                           Variant{"stream", "1", true}, Variant{"stream", "2", true}, Variant{"stream", "4", true},
+                           Variant{"stream", "8", true}, Variant{"stream", "1000", true}, Variant{"stream", "2", true, "2"},
+                           Variant{"stream", "2", true, "4"}, Variant{nullptr, nullptr, false}, Variant{"fused", "2", false},
+                           Variant{"stream", "2", false}, Variant{"stream", "1000", false}}) {
                        ScopedEnv env("SPARGE_QUANT_GROUP", var.group);
                        ScopedEnv env_variant("SPARGE_QUANT_VARIANT", var.variant);
+                       ScopedEnv env_stages("SPARGE_QUANT_STAGES", var.stages);
                        p.smooth_k = var.smooth;
                        for (int i = 0; i < 3; ++i) ASSERT_EQ(cq::quantize_qkv(p, out.buffers(), nullptr), cudaSuccess);
                        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -401,9 +451,9 @@ SPARGE_CASES(QuantGpu) {
                        const double in = 2.0 * n * (1 + (var.smooth ? 2 : 1) + 2);
                        const double outb = static_cast<double>(sh.q8_bytes() + sh.k8_bytes() + sh.v8t_bytes()) +
                                            4.0 * (2 * B * H * S + B * H * sh.nkb() + 2 * B * H * D);
-                       std::printf("QUANT_GPU_BENCH variant=%s group=%s smooth_k=%d: median %.4f ms (min %.4f, max %.4f), %.1f MB, %.0f GB/s\n",
+                       std::printf("QUANT_GPU_BENCH variant=%s group=%s stages=%s smooth_k=%d: median %.4f ms (min %.4f, max %.4f), %.1f MB, %.0f GB/s\n",
                                    var.variant ? var.variant : "launches", var.group ? var.group : "all",
-                                   var.smooth ? 1 : 0, med, ms.front(), ms.back(),
+                                   var.stages ? var.stages : "-", var.smooth ? 1 : 0, med, ms.front(), ms.back(),
                                    (in + outb) / 1e6, (in + outb) / (med * 1e-3) / 1e9);
                      }
                      cudaEventDestroy(e0);

@@ -13,11 +13,13 @@
 // Traffic: Q once, K and V twice each (the second read hits L2 when the kv heads are processed in
 // small groups: SPARGE_QUANT_GROUP), the 8-bit copies once. Head dims 64 and 128.
 //
-// Two ways to run the same items (SPARGE_QUANT_VARIANT, same bytes either way):
+// Three ways to run the same work (SPARGE_QUANT_VARIANT, same bytes every way):
 //   launches (default): per group of kv heads, stats_kernel then quant_kernel;
 //   fused: one persistent launch; CTAs take items by ticket in schedule.h's order, and a
 //   quantization item first waits (its loads already in flight) for its kv head's ready flag,
-//   which the CTA that finalizes the kv head's statistics raises.
+//   which the CTA that finalizes the kv head's statistics raises;
+//   stream: one persistent launch of 128-row items in schedule.h's order, each CTA prefetching its
+//   next items into a ring of shared-memory stages with cp.async (see stream_kernel).
 #include "cuda/quant/quant.h"
 
 #include <cuda_bf16.h>
@@ -56,9 +58,12 @@ struct Args {
   double* part;             // [B * Hk][nch][D] fp64 column sums of K per chunk (smooth_k only)
   std::uint32_t* vamax;     // [B * Hk][D] bits of max |v| (zeroed before pass 1)
   std::uint32_t* done;      // [B * Hk] pass-1 CTAs finished (zeroed before pass 1)
-  std::uint32_t* ready;     // fused variant: [B * Hk] statistics final (zeroed), else nullptr
-  unsigned long long* ticket;  // fused variant: the next item (zeroed)
+  std::uint32_t* ready;     // fused variant: [B * Hk] statistics final (zeroed), else nullptr;
+                            // stream variant: k_mean final
+  unsigned long long* ticket;  // fused and stream variants: the next item (zeroed)
   std::int64_t ntiles, qtiles, qper;  // KV tiles and Q tiles per kv head; qper = ntiles + Hq/Hk * qtiles
+  std::uint32_t* done_v;    // stream variant: [B * Hk] V statistics items finished (zeroed)
+  std::uint32_t* ready_v;   // stream variant: [B * Hk] v_scale final (zeroed)
 };
 
 // Fused variant: thread 0 waits for the kv head's ready flag; the statistics are then read with
@@ -396,6 +401,478 @@ __global__ void __launch_bounds__(kThreads, 2) fused_kernel(const Args a, const 
   }
 }
 
+// ---- the stream variant ------------------------------------------------------------------------
+// One persistent launch like `fused`, built for DRAM bandwidth: every item is 128 rows of one
+// tensor and one head (a K or V statistics chunk, a K tile, a V tile, a Q tile: 32 KB at head dim
+// 128), and each CTA keeps its next items' rows in flight with cp.async (16 bytes per copy, L2 only)
+// into a ring of `ns` shared-memory stages while it computes the current one from shared memory.
+// With ns = 3, two items (64 KB) are in flight while a CTA computes one: 128 KB per SM at two CTAs
+// per SM, where ~32-40 KB per SM covers the DRAM latency at 4.2 TB/s (the other variants load,
+// then compute, then store, so an SM's bytes in flight drop to zero whenever both of its CTAs
+// compute). K and V statistics are separate items with separate counters and flags, so a K tile or
+// a Q tile waits only for k_mean and a V tile only for v_scale. Rows live in the stage at a pitch
+// of 2 D + 16 bytes, which makes the 16-byte row reads (K, Q, statistics) and the V tile's
+// transposing reads free of bank conflicts. The per-thread arithmetic and every reduction order
+// are the other variants' (same bits).
+constexpr int kItemRows = 128;  // rows per stream item: kStatRows = kTileKeys = kTileRows
+constexpr int kMaxStages = 4;
+static_assert(kItemRows == kStatRows && kItemRows == kTileKeys && kItemRows == kTileRows, "one item size");
+
+template <int D>
+constexpr int stage_pitch() { return 2 * D + 16; }
+template <int D>
+constexpr int stage_bytes() { return kItemRows * stage_pitch<D>(); }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most n - 1 of this thread's committed groups are pending (n = the stage count).
+__device__ __forceinline__ void cp_async_wait_stages(int n) {
+  if (n <= 2) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  } else if (n == 3) {
+    asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+  }
+}
+
+// 16 bytes of staged row r at unit u (values [8u, 8u + 8)).
+template <int D>
+__device__ __forceinline__ uint4 lds16(const unsigned char* st, int r, int u) {
+  return *reinterpret_cast<const uint4*>(st + r * stage_pitch<D>() + u * 16);
+}
+
+enum class Kind : std::uint32_t { k_stats, v_stats, k_tile, q_tile, v_tile, none };
+struct StreamItem {
+  Kind kind;
+  std::uint32_t pair;   // kv head b * Hk + hk
+  std::uint32_t index;  // chunk or tile of the kv head; q_tile: g * qtiles + qt
+};
+
+// The stream schedule: schedule.h's order decoded in 32-bit arithmetic (every thread decodes the
+// tickets it issues; 64-bit divisions would cost as much as an item's arithmetic), and the two
+// divisions an item's rows need.
+struct StreamSched {
+  Schedule32 sch;
+  std::uint32_t total;
+  FastDiv div_hk, div_qtiles;
+};
+
+// The schedule's items per kv head: stats = [K chunks (smooth_k only), V chunks]; quantization =
+// [K tiles, V tiles, Q tiles of its query heads]: the tiles that re-read K and V (L2 hits if the
+// lines are still there) right after the statistics, Q (read once, from DRAM) last.
+__device__ __forceinline__ StreamItem stream_decode(const Args& a, const StreamSched& s, std::uint32_t t) {
+  if (t >= s.total) return {Kind::none, 0, 0};
+  const Item it = s.sch.decode(t);
+  const auto pair = static_cast<std::uint32_t>(it.pair), index = static_cast<std::uint32_t>(it.index);
+  const auto nch = static_cast<std::uint32_t>(a.nch), ntiles = static_cast<std::uint32_t>(a.ntiles);
+  if (it.stats) {
+    if (a.smooth && index < nch) return {Kind::k_stats, pair, index};
+    return {Kind::v_stats, pair, a.smooth ? index - nch : index};
+  }
+  if (index < ntiles) return {Kind::k_tile, pair, index};
+  if (index < 2 * ntiles) return {Kind::v_tile, pair, index - ntiles};
+  return {Kind::q_tile, pair, index - 2 * ntiles};
+}
+
+// Rows [row0, row0 + 128) of head h of x into the stage (rows >= nrows: zeros). Thread t copies the
+// 16-byte units c = t + kThreads k (row c / U, unit c % U): a warp covers two whole rows. Inputs
+// without vector loads take the 8 strided loads and a shared store (synchronous: a fallback).
+template <int D>
+__device__ __forceinline__ void stage_rows(unsigned char* st, const Src& x, std::int64_t b, std::int64_t h,
+                                           std::int64_t row0, std::int64_t nrows) {
+  constexpr int U = D / 8, kCopies = kItemRows * U / kThreads;
+  static_assert(kItemRows * U % kThreads == 0, "whole copies per thread");
+  const int tid = threadIdx.x;
+  if (x.vec) {
+    const std::uint16_t* src = x.data + b * x.stride[0] + h * x.stride[2];
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) {
+      const int c = tid + kThreads * k, r = c / U, u = c % U;
+      unsigned char* dst = st + r * stage_pitch<D>() + u * 16;
+      if (row0 + r < nrows) {
+        cp_async16(dst, src + (row0 + r) * x.stride[1] + u * 8);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < kCopies; ++k) {
+      const int c = tid + kThreads * k, r = c / U, u = c % U;
+      *reinterpret_cast<uint4*>(st + r * stage_pitch<D>() + u * 16) =
+          row0 + r < nrows ? load8(x, b, row0 + r, h, u) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Issues the rows of an item (nothing for none).
+template <int D>
+__device__ __forceinline__ void stream_issue(const Args& a, const StreamSched& s, const StreamItem& it, unsigned char* st) {
+  if (it.kind == Kind::none) return;
+  const std::uint32_t b = s.div_hk.div(it.pair), hk = it.pair - b * static_cast<std::uint32_t>(a.hk);
+  const std::int64_t row0 = static_cast<std::int64_t>(it.index) * kItemRows;
+  switch (it.kind) {
+    case Kind::k_stats:
+    case Kind::k_tile: stage_rows<D>(st, a.k, b, hk, row0, a.sk); break;
+    case Kind::v_stats:
+    case Kind::v_tile: stage_rows<D>(st, a.v, b, hk, row0, a.sk); break;
+    case Kind::q_tile: {
+      const std::uint32_t g = s.div_qtiles.div(it.index), qt = it.index - g * static_cast<std::uint32_t>(a.qtiles);
+      stage_rows<D>(st, a.q, b, hk * (a.hq / a.hk) + g, static_cast<std::int64_t>(qt) * kTileRows, a.sq);
+      break;
+    }
+    default: break;
+  }
+}
+
+// The flag an item waits for (nullptr: none).
+__device__ __forceinline__ std::uint32_t* dep_flag(const Args& a, const StreamItem& it) {
+  switch (it.kind) {
+    case Kind::k_tile:
+    case Kind::q_tile: return a.smooth ? &a.ready[it.pair] : nullptr;
+    case Kind::v_tile: return &a.ready_v[it.pair];
+    default: return nullptr;
+  }
+}
+
+// Thread 0 waits for a flag; the values it guards are then read with __ldcg (L2).
+__device__ __forceinline__ void wait_flag(std::uint32_t* flag) {
+  if (threadIdx.x == 0) {
+    while (atomicAdd(flag, 0u) == 0u) __nanosleep(100);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// K statistics: the fp64 column sums of 128 keys, in stats_item's order (thread (rg, u) adds its
+// kRows keys rg + R i ascending from 0.0, then the R row groups ascending), so the chunk partials
+// and k_mean have the bits of the other variants. The row-group sums go through the stage itself
+// (its rows are in registers by then), laid out [r][e][u] so that both the writes and the reads
+// are consecutive 8-byte words. The last K item of a kv head writes k_mean and raises `ready`.
+template <int D, class T>
+__device__ __forceinline__ void stream_k_stats(const Args& a, std::int64_t pair, std::int64_t chunk, unsigned char* st) {
+  constexpr int U = D / 8, R = kThreads / U, kRows = kItemRows / R;
+  static_assert(R * D * static_cast<int>(sizeof(double)) <= stage_bytes<D>(), "row-group sums fit in a stage");
+  __shared__ bool s_last;
+  const int tid = threadIdx.x, u = tid % U, rg = tid / U;
+  double sum[8] = {};
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    float x[8];
+    unpack8<T>(lds16<D>(st, rg + i * R, u), x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(x[e]);
+  }
+  __syncthreads();  // every thread has read its rows: the stage now holds the row-group sums
+  double* s_sum = reinterpret_cast<double*>(st);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s_sum[(rg * 8 + e) * U + u] = sum[e];
+  __syncthreads();
+  if (tid < D) {
+    const int e = tid / U, uu = tid % U;  // channel uu * 8 + e
+    double s = 0.0;
+    for (int r = 0; r < R; ++r) s += s_sum[r * D + tid];
+    a.part[(pair * a.nch + chunk) * D + uu * 8 + e] = s;
+    __threadfence();  // the partial is visible before the ticket below
+  }
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(&a.done[pair], 1u) == static_cast<std::uint32_t>(a.nch - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (tid < D) {
+    const double* col = a.part + pair * a.nch * D + tid;
+    double s = 0.0;
+    for (std::int64_t c0 = 0; c0 < a.nch; c0 += 16) {  // chunk order, as stats_item
+      double v[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = c0 + i < a.nch ? __ldcg(col + (c0 + i) * D) : 0.0;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s += v[i];
+    }
+    a.out.k_mean[pair * D + tid] = static_cast<float>(s / static_cast<double>(a.sk));
+    __threadfence();
+  }
+  __syncthreads();
+  if (tid == 0) atomicExch(&a.ready[pair], 1u);
+}
+
+// V statistics: the column maximum of |v| over 128 keys (any order: a maximum of bits), one
+// atomicMax per channel. The last V item of a kv head writes v_scale (and the zero k_mean without
+// smoothing) and raises `ready_v`.
+template <int D, class T>
+__device__ __forceinline__ void stream_v_stats(const Args& a, std::int64_t pair, unsigned char* st) {
+  constexpr int U = D / 8, R = kThreads / U, kRows = kItemRows / R;
+  __shared__ bool s_last;
+  const int tid = threadIdx.x, u = tid % U, rg = tid / U;
+  std::uint32_t mx[8] = {};
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    float x[8];
+    unpack8<T>(lds16<D>(st, rg + i * R, u), x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) mx[e] = max(mx[e], rule::abs_bits(x[e]));
+  }
+  __syncthreads();
+  std::uint32_t* s_max = reinterpret_cast<std::uint32_t*>(st);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s_max[(rg * 8 + e) * U + u] = mx[e];
+  __syncthreads();
+  if (tid < D) {
+    std::uint32_t m = 0;
+    for (int r = 0; r < R; ++r) m = max(m, s_max[r * D + tid]);
+    if (m != 0) atomicMax(&a.vamax[pair * D + (tid % U) * 8 + tid / U], m);
+    __threadfence();
+  }
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(&a.done_v[pair], 1u) == static_cast<std::uint32_t>(a.nch - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (tid < D) {
+    a.out.v_scale[pair * D + tid] = rule::pow2_scale(__ldcg(&a.vamax[pair * D + tid])).scale;
+    if (!a.smooth) a.out.k_mean[pair * D + tid] = 0.0f;
+    __threadfence();
+  }
+  __syncthreads();
+  if (tid == 0) atomicExch(&a.ready_v[pair], 1u);
+}
+
+// A K tile from the stage: kv_tile's K half, the same arithmetic.
+template <int D, class T>
+__device__ __forceinline__ void stream_k_tile(const Args& a, std::int64_t pair, std::int64_t tile, const unsigned char* st,
+                                              bool known) {
+  constexpr int U = D / 8, R = kThreads / U, kRows = kTileKeys / R, kWarps = kThreads / 32;
+  __shared__ std::uint32_t s_amax[kWarps][2];
+  const int tid = threadIdx.x, u = tid % U, rg = tid / U, lane = tid % 32, warp = tid / 32;
+  const std::int64_t j0 = tile * kTileKeys;
+  uint4 kr[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) kr[i] = lds16<D>(st, rg + i * R, u);
+  float km[8] = {};
+  if (a.smooth) {
+    if (!known) wait_flag(&a.ready[pair]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
+  }
+  const auto block_of = [&](int row) { return a.blkk == 64 ? row / 64 : 0; };
+  const auto smoothed = [&](const uint4& raw, float (&x)[8]) {
+    unpack8<T>(raw, x);
+    if (a.smooth) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = rule::smooth(x[e], km[e]);
+    }
+  };
+  std::uint32_t am[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int row = rg + i * R;
+    if (j0 + row >= a.sk) continue;
+    float x[8];
+    smoothed(kr[i], x);
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) m = max(m, rule::abs_bits(x[e]));
+    if (block_of(row) == 0) am[0] = max(am[0], m); else am[1] = max(am[1], m);
+  }
+  am[0] = __reduce_max_sync(0xffffffffu, am[0]);
+  am[1] = __reduce_max_sync(0xffffffffu, am[1]);
+  if (lane == 0) {
+    s_amax[warp][0] = am[0];
+    s_amax[warp][1] = am[1];
+  }
+  __syncthreads();
+  std::uint32_t m0 = 0, m1 = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    m0 = max(m0, s_amax[w][0]);
+    m1 = max(m1, s_amax[w][1]);
+  }
+  const rule::Pow2Scale sc0 = rule::pow2_scale(m0), sc1 = rule::pow2_scale(m1);
+  if (tid < kTileKeys / a.blkk) {
+    const std::int64_t kb = j0 / a.blkk + tid;
+    if (kb < a.nkb) a.out.k_scale[pair * a.nkb + kb] = tid == 0 ? sc0.scale : sc1.scale;
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int row = rg + i * R;
+    const std::int64_t j = j0 + row;
+    if (j >= a.sk) continue;
+    float x[8], inv[8];
+    smoothed(kr[i], x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) inv[e] = block_of(row) == 0 ? sc0.inv : sc1.inv;
+    *reinterpret_cast<uint2*>(a.out.k8 + (pair * a.sk + j) * D + u * 8) = quantize8(x, inv);
+  }
+}
+
+// 1 / s for a power of two s = 2^k, k in [-126, 127) (v_scale's range): 2^-k from the bits, exact.
+__device__ __forceinline__ float inv_pow2(float s) { return __uint_as_float((254u << 23) - __float_as_uint(s)); }
+
+// A V tile from the stage: thread (unit, quad) as kv_tile, its 4 keys read from the stage (keys
+// k0 + {0, 2, 4, 6} and units 2a, 2a + 1 in a phase of 8 lanes: 8 distinct 16-byte slots mod 128
+// bytes at the pitch of 17 slots), and each channel's 4 bytes stored straight to v8t: a warp's
+// store covers 64 consecutive bytes of two v8t rows (whole 32-byte sectors), no transpose tile.
+template <int D, class T>
+__device__ __forceinline__ void stream_v_tile(const Args& a, std::int64_t pair, std::int64_t tile, const unsigned char* st,
+                                              bool known) {
+  constexpr int U = D / 8, kVCombos = U * (kTileKeys / 4) / kThreads;
+  const int tid = threadIdx.x;
+  const std::int64_t j0 = tile * kTileKeys;
+  if (!known) wait_flag(&a.ready_v[pair]);
+#pragma unroll
+  for (int k = 0; k < kVCombos; ++k) {
+    const int x = tid + kThreads * k, vu = 2 * (x / 64) + x % 2, quad = (x / 2) % 32;
+    float vinv[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vinv[e] = inv_pow2(__ldcg(&a.out.v_scale[pair * D + vu * 8 + e]));
+    uint2 q8[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = quad / 8 * rule::kVPermGroup + rule::v_key_perm(4 * (quad % 8) + i);
+      q8[i] = make_uint2(0, 0);
+      if (j0 + key < a.sk) {
+        float xv[8];
+        unpack8<T>(lds16<D>(st, key, vu), xv);
+        q8[i] = quantize8(xv, vinv);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      std::uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word |= (((e < 4 ? q8[i].x : q8[i].y) >> (8 * (e % 4))) & 0xffu) << (8 * i);
+      *reinterpret_cast<std::uint32_t*>(a.out.v8t + (pair * D + vu * 8 + e) * a.sk_pad + j0 + 4 * quad) = word;
+    }
+  }
+}
+
+// A Q tile from the stage: q_tile's arithmetic (the row's U lanes are consecutive lanes of a warp).
+template <int D, class T>
+__device__ __forceinline__ void stream_q_tile(const Args& a, std::int64_t pair, std::int64_t idx, const unsigned char* st,
+                                              bool known) {
+  constexpr int U = D / 8, R = kThreads / U, kRows = kTileRows / R;
+  const int tid = threadIdx.x, u = tid % U, rg = tid / U;
+  // 32-bit divisions (all below 2^31: the schedule has fewer items).
+  const auto qtiles = static_cast<std::uint32_t>(a.qtiles), hk = static_cast<std::uint32_t>(a.hk);
+  const std::int64_t g = static_cast<std::uint32_t>(idx) / qtiles, qt = static_cast<std::uint32_t>(idx) % qtiles;
+  const std::int64_t b = static_cast<std::uint32_t>(pair) / hk, h = (static_cast<std::uint32_t>(pair) % hk) * (a.hq / a.hk) + g;
+  const std::int64_t i0 = qt * kTileRows;
+  float km[8] = {};
+  if (a.smooth) {
+    if (!known) wait_flag(&a.ready[pair]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const std::int64_t row = i0 + rg + i * R;
+    float x[8];
+    unpack8<T>(lds16<D>(st, rg + i * R, u), x);
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) m = max(m, rule::abs_bits(x[e]));
+#pragma unroll
+    for (int off = U / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    const rule::Pow2Scale sc = rule::pow2_scale(m);
+    double sum = 0.0;
+    if (a.smooth) {
+      sum = rule::dot_chunk(x, km);
+#pragma unroll
+      for (int off = 1; off < U; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    }
+    if (row >= a.sq) continue;
+    float inv[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) inv[e] = sc.inv;
+    const std::int64_t r = (b * a.hq + h) * a.sq + row;
+    *reinterpret_cast<uint2*>(a.out.q8 + r * D + u * 8) = quantize8(x, inv);
+    if (u == 0) {
+      a.out.q_scale[r] = sc.scale;
+      a.out.lse_shift[r] = a.smooth ? static_cast<float>(a.scale * sum) : 0.0f;
+    }
+  }
+}
+
+// The persistent loop. Slot j % (ns + 1) of s_tk holds the ticket of the CTA's j-th item, stage
+// j % ns its rows, s_item[j % ns] the item (decoded by every thread when issued, stored by thread
+// 0, which is also the only writer of s_tk). Iteration `it`: issue item it + ns - 1 into the stage
+// item it - 1 used (freed by the barrier that ended iteration it - 1), ask for the ticket of item
+// it + ns (its atomic hides behind the compute), read the flag item it + 1 will wait for (likewise),
+// wait for item it's rows, compute it, publish the new ticket into slot (it + ns) % (ns + 1) =
+// (it - 1) % (ns + 1) (last read during iteration it - 1) and whether item it + 1's flag was seen
+// raised (s_known, by parity: written in iteration j - 1, read in j), barrier. An item whose flag
+// was seen raised skips the wait and its round trip; else it waits as `fused` does. Tickets
+// saturate at the total and rise per CTA, so a ticket at the end means no later one is valid and
+// nothing is in flight. No deadlock (as fused): an item waits only for statistics items of smaller
+// tickets, each done, current in a CTA (statistics never wait) or queued behind a current item of
+// a smaller ticket still.
+template <int D, class T>
+__global__ void __launch_bounds__(kThreads, 2) stream_kernel(const Args a, const StreamSched sched, int ns) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ std::uint32_t s_tk[kMaxStages + 1];
+  __shared__ StreamItem s_item[kMaxStages];
+  __shared__ std::uint32_t s_known[2];
+  const auto stage = [&](std::int64_t j) { return smem + static_cast<int>(j % ns) * stage_bytes<D>(); };
+  // Tickets saturate at total (the counter itself runs on; sched.total < 2^31).
+  const auto ticket = [&]() {
+    const unsigned long long t = atomicAdd(a.ticket, 1ull);
+    return static_cast<std::uint32_t>(t < sched.total ? t : sched.total);
+  };
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < ns; ++j) s_tk[j] = ticket();
+    s_known[0] = 0;  // the first item checks its flag itself
+  }
+  __syncthreads();
+  for (int j = 0; j + 1 < ns; ++j) {
+    const StreamItem item = stream_decode(a, sched, s_tk[j]);
+    if (threadIdx.x == 0) s_item[j] = item;
+    stream_issue<D>(a, sched, item, stage(j));
+    cp_async_commit();
+  }
+  for (std::int64_t it = 0;; ++it) {
+    {
+      const StreamItem item = stream_decode(a, sched, s_tk[(it + ns - 1) % (ns + 1)]);
+      if (threadIdx.x == 0) s_item[(it + ns - 1) % ns] = item;  // slot of item it - 1: read before the last barrier
+      stream_issue<D>(a, sched, item, stage(it + ns - 1));
+      cp_async_commit();
+    }
+    std::uint32_t next = 0, seen = 0;
+    std::uint32_t* flag = nullptr;
+    if (threadIdx.x == 0) {
+      next = ticket();
+      flag = dep_flag(a, s_item[(it + 1) % ns]);  // item it + 1, issued by now (it + 1 <= it + ns - 1)
+      if (flag != nullptr) seen = atomicAdd(flag, 0u);
+    }
+    cp_async_wait_stages(ns);
+    __syncthreads();  // item it's rows have landed, from every thread's copies; s_item is visible
+    const StreamItem item = s_item[it % ns];
+    if (item.kind == Kind::none) return;
+    const bool known = s_known[it & 1] != 0;
+    unsigned char* st = stage(it);
+    switch (item.kind) {
+      case Kind::k_stats: stream_k_stats<D, T>(a, item.pair, item.index, st); break;
+      case Kind::v_stats: stream_v_stats<D, T>(a, item.pair, st); break;
+      case Kind::k_tile: stream_k_tile<D, T>(a, item.pair, item.index, st, known); break;
+      case Kind::q_tile: stream_q_tile<D, T>(a, item.pair, item.index, st, known); break;
+      case Kind::v_tile: stream_v_tile<D, T>(a, item.pair, item.index, st, known); break;
+      default: break;
+    }
+    if (threadIdx.x == 0) {
+      s_tk[(it + ns) % (ns + 1)] = next;
+      // Seen raised: the fence orders this observation before the other threads' reads (after the
+      // barriers below) of what the flag guards, as wait_flag's does.
+      if (flag != nullptr && seen != 0) __threadfence();
+      s_known[(it + 1) & 1] = flag != nullptr && seen != 0 ? 1u : 0u;
+    }
+    __syncthreads();  // the stage and the ticket slot are free; the new ticket and s_known are visible
+  }
+}
+
 Src make_src(const Tensor& t) {
   Src s{};
   s.data = static_cast<const std::uint16_t*>(t.data);
@@ -408,32 +885,72 @@ Src make_src(const Tensor& t) {
 // kv heads per group: SPARGE_QUANT_GROUP=N (N >= 1) processes N kv heads (b, hk) with both passes
 // before the next N, so pass 2's second reads of K and V can hit L2 (N = 4 at head dim 128 and
 // Sk = 16384 is 32 MB of K and V); unset or 0: all kv heads in one group for the launches
-// variant, 2 for the fused one. SPARGE_QUANT_VARIANT=fused selects the single persistent launch.
-// Both change speed, never bytes.
+// variant, 2 for the fused and stream ones. SPARGE_QUANT_VARIANT=fused selects the single
+// persistent launch, =stream the pipelined persistent launch (SPARGE_QUANT_STAGES=2..4 stages of
+// 128 rows, default 3). All of them change speed, never bytes.
 std::int64_t env_int(const char* name) {
   const char* e = std::getenv(name);
   return e == nullptr ? 0 : std::atoll(e);
 }
-bool fused_variant() {
+enum class Variant { launches, fused, stream };
+Variant variant_from_env() {
   const char* e = std::getenv("SPARGE_QUANT_VARIANT");
-  return e != nullptr && std::string(e) == "fused";
+  if (e == nullptr) return Variant::launches;
+  const std::string v(e);
+  return v == "fused" ? Variant::fused : v == "stream" ? Variant::stream : Variant::launches;
 }
 
 template <int D, class T>
-cudaError_t launch(Args a, std::int64_t pairs, bool fused, cudaStream_t stream) {
+cudaError_t launch_fused(const Args& a, std::int64_t pairs, cudaStream_t stream) {
   std::int64_t per = env_int("SPARGE_QUANT_GROUP");
-  if (fused) {
-    if (per <= 0) per = 2;
-    const Schedule sched{pairs, std::min(per, pairs), a.nch, a.qper};
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_kernel<D, T>, kThreads, 0);
-    if (e != cudaSuccess) return e;
-    const std::int64_t grid = std::min<std::int64_t>(std::max(1, sms * per_sm), sched.total());
-    fused_kernel<D, T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, sched);
-    return cudaGetLastError();
-  }
+  if (per <= 0) per = 2;
+  const Schedule sched{pairs, std::min(per, pairs), a.nch, a.qper};
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_kernel<D, T>, kThreads, 0);
+  if (e != cudaSuccess) return e;
+  const std::int64_t grid = std::min<std::int64_t>(std::max(1, sms * per_sm), sched.total());
+  fused_kernel<D, T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, sched);
+  return cudaGetLastError();
+}
+
+// Stream variant: the stage count that fits the device's per-block shared memory (the requested
+// one, else fewer, at least 2), its grid of resident CTAs, and the launch.
+template <int D, class T>
+cudaError_t launch_stream(const Args& a, std::int64_t pairs, cudaStream_t stream) {
+  std::int64_t per = env_int("SPARGE_QUANT_GROUP");
+  if (per <= 0) per = 2;
+  std::int64_t ns = env_int("SPARGE_QUANT_STAGES");
+  if (ns < 2 || ns > kMaxStages) ns = 3;
+  const Schedule sched{pairs, std::min(per, pairs), (a.smooth ? 2 : 1) * a.nch, a.qper + a.ntiles};
+  // Beyond 2^31 - 1 items (about 2^38 keys and query rows at B Hk kv heads) the 32-bit decoding
+  // does not apply: run the fused variant, whose bytes are the same.
+  if (!Schedule32::fits32(sched)) return launch_fused<D, T>(a, pairs, stream);
+  const StreamSched ss{Schedule32(sched), static_cast<std::uint32_t>(sched.total()),
+                       FastDiv(static_cast<std::uint32_t>(a.hk)), FastDiv(static_cast<std::uint32_t>(a.qtiles))};
+  int dev = 0, sms = 0, optin = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return e;
+  // The kernel's static shared memory is a few dozen bytes; keep 1 KB of margin for it.
+  while (ns > 2 && ns * stage_bytes<D>() + 1024 > optin) --ns;
+  const int smem = static_cast<int>(ns) * stage_bytes<D>();
+  e = cudaFuncSetAttribute(stream_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stream_kernel<D, T>, kThreads, smem);
+  if (e != cudaSuccess) return e;
+  if (per_sm <= 0) return cudaErrorInvalidConfiguration;
+  const std::int64_t grid = std::min<std::int64_t>(static_cast<std::int64_t>(sms) * per_sm, sched.total());
+  stream_kernel<D, T><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, ss, static_cast<int>(ns));
+  return cudaGetLastError();
+}
+
+template <int D, class T>
+cudaError_t launch(Args a, std::int64_t pairs, Variant variant, cudaStream_t stream) {
+  if (variant == Variant::stream) return launch_stream<D, T>(a, pairs, stream);
+  if (variant == Variant::fused) return launch_fused<D, T>(a, pairs, stream);
+  std::int64_t per = env_int("SPARGE_QUANT_GROUP");
   if (per <= 0 || per > pairs) per = pairs;
   per = std::min<std::int64_t>(per, 65535);  // gridDim.y of pass 1
   a.ready = nullptr;
@@ -464,8 +981,11 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
   if (pairs == 0) return cudaSuccess;
   const std::size_t part_bytes = p.smooth_k ? static_cast<std::size_t>(pairs * nch * sh.d) * sizeof(double) : 0;
   const std::size_t max_bytes = static_cast<std::size_t>(pairs * sh.d) * sizeof(std::uint32_t);
-  // The counters: done[pairs], ready[pairs], then the ticket (8-byte aligned).
-  const std::size_t done_bytes = (static_cast<std::size_t>(2 * pairs) * sizeof(std::uint32_t) + 7) / 8 * 8 + 8;
+  // The counters: done[pairs], ready[pairs] (stream: then done_v[pairs], ready_v[pairs]), then the
+  // ticket (8-byte aligned).
+  const Variant variant = variant_from_env();
+  const std::int64_t ncounters = (variant == Variant::stream ? 4 : 2) * pairs;
+  const std::size_t done_bytes = (static_cast<std::size_t>(ncounters) * sizeof(std::uint32_t) + 7) / 8 * 8 + 8;
   void* mem = nullptr;
   cudaError_t e = scratch_alloc(&mem, part_bytes + max_bytes + done_bytes, stream);
   if (e != cudaSuccess) return e;
@@ -489,17 +1009,19 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
   a.vamax = reinterpret_cast<std::uint32_t*>(base + part_bytes);
   a.done = reinterpret_cast<std::uint32_t*>(base + part_bytes + max_bytes);
   a.ready = a.done + pairs;
+  a.done_v = variant == Variant::stream ? a.done + 2 * pairs : nullptr;
+  a.ready_v = variant == Variant::stream ? a.done + 3 * pairs : nullptr;
   a.ticket = reinterpret_cast<unsigned long long*>(base + part_bytes + max_bytes + done_bytes - 8);
   a.ntiles = sh.sk_pad() / kTileKeys;
   a.qtiles = (sh.sq + kTileRows - 1) / kTileRows;
   a.qper = a.ntiles + sh.hq / sh.hk * a.qtiles;
   e = cudaMemsetAsync(base + part_bytes, 0, max_bytes + done_bytes, stream);
   if (e == cudaSuccess) {
-    const bool bf = t == DType::bf16, fused = fused_variant();
+    const bool bf = t == DType::bf16;
     if (sh.d == 128) {
-      e = bf ? launch<128, __nv_bfloat16>(a, pairs, fused, stream) : launch<128, __half>(a, pairs, fused, stream);
+      e = bf ? launch<128, __nv_bfloat16>(a, pairs, variant, stream) : launch<128, __half>(a, pairs, variant, stream);
     } else {
-      e = bf ? launch<64, __nv_bfloat16>(a, pairs, fused, stream) : launch<64, __half>(a, pairs, fused, stream);
+      e = bf ? launch<64, __nv_bfloat16>(a, pairs, variant, stream) : launch<64, __half>(a, pairs, variant, stream);
     }
   }
   const cudaError_t f = cudaFreeAsync(mem, stream);

@@ -69,4 +69,77 @@ SPARGE_QUANT_HD Item decode(const Schedule& s, std::int64_t t) {
   return {true, -1, -1};  // t out of range
 }
 
+// ---- 32-bit decoding (the stream variant: every thread decodes its CTA's tickets) ------------------
+// Division of n < 2^31 by a fixed d in [1, 2^31) as a multiply-high and a shift: with
+// l = ceil(log2 d) and m = ceil(2^(31 + l) / d) (< 2^32), floor(n / d) = floor(n m / 2^(31 + l)):
+// the error n (m d - 2^(31 + l)) / (d 2^(31 + l)) is below n 2^l / (d 2^(31 + l)) < 1 / d, which
+// never reaches the next integer.
+struct FastDiv {
+  std::uint32_t d = 1, m = 0, s = 0;
+  FastDiv() = default;
+  explicit FastDiv(std::uint32_t div) : d(div) {
+    std::uint32_t l = 0;
+    while ((std::uint64_t{1} << l) < div) ++l;
+    if (l > 0) {
+      m = static_cast<std::uint32_t>(((std::uint64_t{1} << (31 + l)) + div - 1) / div);
+      s = l - 1;
+    }
+  }
+  SPARGE_QUANT_HD std::uint32_t div(std::uint32_t n) const {
+    if (d == 1) return n;
+#if defined(__CUDA_ARCH__)
+    return __umulhi(n, m) >> s;
+#else
+    return static_cast<std::uint32_t>((static_cast<std::uint64_t>(n) * m) >> 32) >> s;
+#endif
+  }
+};
+
+// decode() in 32-bit arithmetic, for schedules whose total() is below 2^31 (fits32).
+struct Schedule32 {
+  std::uint32_t pairs, group, nch, qper, ng, s0, nfull, sl, len;
+  FastDiv div_nch, div_qper, div_len;
+
+  static bool fits32(const Schedule& s) { return s.total() < (std::int64_t{1} << 31); }
+  explicit Schedule32(const Schedule& s)
+      : pairs(static_cast<std::uint32_t>(s.pairs)), group(static_cast<std::uint32_t>(s.group)),
+        nch(static_cast<std::uint32_t>(s.nch)), qper(static_cast<std::uint32_t>(s.qper)),
+        ng(static_cast<std::uint32_t>(s.groups())), s0(static_cast<std::uint32_t>(s.heads_in(0) * s.nch)),
+        nfull(static_cast<std::uint32_t>(s.groups() >= 2 ? s.groups() - 2 : 0)),
+        sl(static_cast<std::uint32_t>(s.group * s.nch)), len(static_cast<std::uint32_t>(s.group * (s.nch + s.qper))),
+        div_nch(static_cast<std::uint32_t>(s.nch)), div_qper(static_cast<std::uint32_t>(s.qper)),
+        div_len(static_cast<std::uint32_t>(s.group * (s.nch + s.qper))) {}
+
+  SPARGE_QUANT_HD std::uint32_t heads_in(std::uint32_t g) const {
+    return pairs - g * group < group ? pairs - g * group : group;
+  }
+  SPARGE_QUANT_HD Item stats(std::uint32_t g, std::uint32_t r) const {
+    const std::uint32_t q = div_nch.div(r);
+    return {true, static_cast<std::int64_t>(g * group + q), static_cast<std::int64_t>(r - q * nch)};
+  }
+  SPARGE_QUANT_HD Item quant(std::uint32_t g, std::uint32_t r) const {
+    const std::uint32_t q = div_qper.div(r);
+    return {false, static_cast<std::int64_t>(g * group + q), static_cast<std::int64_t>(r - q * qper)};
+  }
+  // The item of ticket t (0 <= t < total): the same as decode(schedule, t).
+  SPARGE_QUANT_HD Item decode(std::uint32_t t) const {
+    if (t < s0) return stats(0, t);
+    std::uint32_t u = t - s0;
+    if (u < nfull * len) {
+      const std::uint32_t g = div_len.div(u), r = u - g * len;
+      return r < sl ? stats(g + 1, r) : quant(g, r - sl);
+    }
+    u -= nfull * len;
+    for (std::uint32_t g = nfull; g < ng; ++g) {
+      const std::uint32_t sn = g + 1 < ng ? heads_in(g + 1) * nch : 0;
+      if (u < sn) return stats(g + 1, u);
+      u -= sn;
+      const std::uint32_t qn = heads_in(g) * qper;
+      if (u < qn) return quant(g, u);
+      u -= qn;
+    }
+    return {true, -1, -1};
+  }
+};
+
 }  // namespace sparge::cuda::quant
