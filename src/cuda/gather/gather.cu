@@ -115,8 +115,9 @@ int env_int(const char* name, int fallback) {
 }
 
 // SPARGE_GATHER_PATH=ws (sm_90a; NOT RUN ON A GPU yet): the warp-specialized kernel. Its switches,
-// read on every call (results never depend on them beyond summation order -- and they do not even
-// change that: every variant walks the union in the same order with the same arithmetic):
+// read on every call (every variant walks the union in the same order with the same per-row
+// arithmetic, so the results are expected to be bitwise the same; the tests check each variant
+// against the fp64 oracle, not against each other):
 //   SPARGE_GATHER_WS_WG = 1 | 2      consumer warpgroups (BM 64 / 128); default 2 for groups of
 //                                    more than 64 rows, else 1 (a second warpgroup would hold only
 //                                    rows past the group's end);
