@@ -66,7 +66,8 @@ if has bench; then
         grep -E 'blkq128 blkk64|profile.*blkq 128 blkk 64' | cut -c1-300 | tail -2
     done
     echo "## gather, every path"
-    SPARGE_BENCH=1 timeout 120 "$T" --filter='GATHER_GPU_PERF_PATHS' 2>&1 | grep -vE '^\[ (RUN|  OK) ' | tail -30
+    SPARGE_BENCH=1 timeout 120 "$T" --filter='GATHER_GPU_PERF_PATHS|GATHER_GPU_KV_PERF' 2>&1 |
+      grep -E '\[perf\].*path=(ws|wgmma64)|\[gather profile\].*\(ws'
   } >"$OUT/pending_bench.log" 2>&1
   note "bench: see pending_bench.log"
 fi
