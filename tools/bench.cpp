@@ -84,6 +84,8 @@ BlockSparseAttentionParams BenchConfig::attention_params(void* q, void* k, void*
   p.scale = scale;
   p.is_causal = causal;
   p.pv_threshold = pv_threshold;
+  p.recipe = recipe;
+  p.smooth_k = smooth_k;
   p.exec = {backend, stream, threads};
   return p;
 }
@@ -133,6 +135,7 @@ BenchConfig parse_bench(Args& a) {
   c.scale = static_cast<float>(a.get_float("scale", 0.0, 0.0, 1e6));
   c.dtype = parse_dtype(a.get_choice("dtype", "fp16", {"fp16", "bf16", "fp32"}));
   c.hnd = a.get_choice("layout", "nhd", {"nhd", "hnd"}) == "hnd";
+  c.recipe = a.get_choice("recipe", "none", {"none", "fp8"}) == "fp8" ? Recipe::fp8 : Recipe::none;
   const bool cpu = c.backend == Backend::cpu;
   c.warmup = static_cast<int>(a.get_int("warmup", cpu ? 1 : 2, 0, 100000));
   c.repeat = static_cast<int>(a.get_int("repeat", cpu ? 3 : 10, 1, 100000));
@@ -147,13 +150,13 @@ BenchConfig parse_bench(Args& a) {
 int run_bench(const BenchConfig& cfg) {
   const std::int64_t nq = num_blocks(cfg.sq, cfg.blkq), nk = num_blocks(cfg.sk, cfg.blkk);
   std::printf("sparge bench: backend=%s (%s) dtype=%s b=%lld hq=%lld hk=%lld sq=%lld sk=%lld d=%lld layout=%s "
-              "causal=%d blkq=%d blkk=%d %s=%s simthreshd1=%s pvthreshd=%s sink=%d smoothk=%d seed=%llu%s\n",
+              "causal=%d blkq=%d blkk=%d %s=%s simthreshd1=%s pvthreshd=%s sink=%d smoothk=%d recipe=%s seed=%llu%s\n",
               to_string(cfg.backend), device_description(cfg.backend, cfg.threads).c_str(), dtype_flag(cfg.dtype),
               (long long)cfg.b, (long long)cfg.hq, (long long)cfg.hk, (long long)cfg.sq, (long long)cfg.sk,
               (long long)cfg.d, cfg.hnd ? "hnd" : "nhd", cfg.causal, cfg.blkq, cfg.blkk,
               cfg.cdf.empty() ? "topk" : "cdf", per_head_str(cfg.cdf.empty() ? cfg.topk : cfg.cdf).c_str(),
               per_head_str(cfg.simthreshd1).c_str(), per_head_str(cfg.pv_threshold).c_str(), cfg.sink, cfg.smooth_k,
-              (unsigned long long)cfg.seed, cfg.seed_given ? "" : " (fresh; pass -seed to reproduce)");
+              to_string(cfg.recipe), (unsigned long long)cfg.seed, cfg.seed_given ? "" : " (fresh; pass -seed to reproduce)");
   check(cfg.precheck(), "checking the shape on backend " + std::string(to_string(cfg.backend)));
 
   // Inputs: random normal on the host (kept for validation), uploaded for CUDA.

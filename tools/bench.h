@@ -17,6 +17,7 @@ struct BenchConfig {
   bool hnd = false, causal = false, sink = false, smooth_k = true, validate = false;
   int blkq = 128, blkk = 64;
   float scale = 0.0f;
+  Recipe recipe = Recipe::none;  // -recipe=fp8: the quantized recipe of block_sparse_attention (docs/quantized.md)
   // PerHead values (one value each, or empty); the params structs point into these vectors.
   std::vector<float> topk, cdf, simthreshd1, pv_threshold;
   int warmup = 2, repeat = 10, threads = 0;

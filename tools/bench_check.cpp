@@ -164,7 +164,10 @@ void compare_rows(const Geometry& G, const BenchHostData& h, std::int64_t b, std
 
 bool check_output(const Geometry& G, const BenchHostData& h) {
   const BenchConfig& c = G.cfg;
-  const Tolerance tol = tolerance_for(c.dtype);
+  // The fp8 recipe is checked against its CPU specification (quantized inputs, fp64 attention): the
+  // kernel adds P's e4m3 rounding and a narrower fp8 accumulation (docs/quantized.md, accuracy), so
+  // its bounds are those of that error, not of the fp16 kernel's.
+  const Tolerance tol = c.recipe == Recipe::fp8 ? Tolerance{1e-1, 1e-2, 2e-2} : tolerance_for(c.dtype);
   Tensor qv = bshd_view(const_cast<void*>(h.q), c.dtype, c.b, c.sq, c.hq, c.d, c.hnd);
   Tensor kv = bshd_view(const_cast<void*>(h.k), c.dtype, c.b, c.sk, c.hk, c.d, c.hnd);
   Tensor vv = bshd_view(const_cast<void*>(h.v), c.dtype, c.b, c.sk, c.hk, c.d, c.hnd);
@@ -173,9 +176,10 @@ bool check_output(const Geometry& G, const BenchHostData& h) {
   OutputCheck out;
   std::string reference;
   std::int64_t done = 0, total = 0;
-  const std::string unit = c.pv_threshold.empty() ? "query blocks" : "(b, h) heads";
+  const bool oracle = c.pv_threshold.empty() && c.recipe == Recipe::none;
+  const std::string unit = oracle ? "query blocks" : "(b, h) heads";
 
-  if (c.pv_threshold.empty()) {
+  if (oracle) {
     // Reference: the fp64 dense oracle over the LUT expanded to a token mask, one query block per
     // call (rows sliced out of Q; causality lives in the mask, so slicing keeps it exact).
     reference = "fp64 dense oracle with the LUT as mask";
@@ -206,13 +210,14 @@ bool check_output(const Geometry& G, const BenchHostData& h) {
     });
   } else {
     if (c.backend == Backend::cpu) {
-      std::printf("%-10s SKIP  -pvthreshd on the cpu backend: the cpu backend is the reference for pv_threshold "
-                  "(run without -pvthreshd to check against the oracle)\n%-10s SKIP  (as output)\n", "output:", "LSE:");
+      std::printf("%-10s SKIP  -pvthreshd / -recipe on the cpu backend: the cpu backend is the reference for them "
+                  "(run without them to check against the oracle)\n%-10s SKIP  (as output)\n", "output:", "LSE:");
       return true;
     }
     // Reference: the CPU backend with the same pv_threshold (the oracle knows nothing of skipped
-    // PV products), one (b, h) head per call.
-    reference = "cpu block_sparse_attention with the same pv_threshold";
+    // PV products) and recipe (the fp8 specification), one (b, h) head per call.
+    reference = c.recipe == Recipe::fp8 ? "cpu block_sparse_attention, recipe fp8 (the specification)"
+                                        : "cpu block_sparse_attention with the same pv_threshold";
     total = c.b * c.hq;
     const double per_head = 4.0 * static_cast<double>(c.sq) * static_cast<double>(c.sk) * static_cast<double>(c.d);
     const auto heads = sample(total, std::max<std::int64_t>(1, static_cast<std::int64_t>(budget / per_head)), c.seed ^ 0x5eed);

@@ -33,6 +33,7 @@ void print_usage() {
       "  -blkq=128 -blkk=64         block sizes, 64 or 128 (upstream SpargeAttn's default)\n"
       "  -dtype=fp16|bf16|fp32      inputs and output (fp32: cpu only)\n"
       "  -layout=nhd|hnd            storage of q/k/v/o ([b,s,h,d] or [b,h,s,d])\n"
+      "  -recipe=none|fp8           fp8: e4m3 Q/K/V and fp8 GEMMs (cuda: sm_90, d 128, blkq 128; docs/quantized.md)\n"
       "  -backend=cpu|cuda          default cuda when usable\n"
       "  -warmup=N -repeat=N        default 2/10 on cuda, 1/3 on cpu; median, min and max are reported\n"
       "  -threads=0                 cpu threads (0 = all)\n"
