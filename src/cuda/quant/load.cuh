@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "cuda/rows16.cuh"
+
 namespace sparge::cuda::quant {
 
 struct Src {
@@ -17,41 +19,9 @@ struct Src {
   bool vec;
 };
 
-template <class T>
-__device__ __forceinline__ float to_float(std::uint16_t bits);
-template <>
-__device__ __forceinline__ float to_float<__half>(std::uint16_t bits) {
-  return __half2float(__ushort_as_half(bits));  // exact
-}
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(std::uint16_t bits) {
-  return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);  // exact
-}
-
-// The raw 16-bit values [8c, 8c + 8) of (b, s, h).
-__device__ __forceinline__ uint4 load8(const Src& x, std::int64_t b, std::int64_t s, std::int64_t h, int c) {
-  const std::uint16_t* p = x.data + b * x.stride[0] + s * x.stride[1] + h * x.stride[2];
-  if (x.vec) return __ldg(reinterpret_cast<const uint4*>(p + c * 8));
-  const std::int64_t s3 = x.stride[3];
-  std::uint16_t v[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = __ldg(p + (c * 8 + j) * s3);
-  uint4 r;
-  r.x = v[0] | (static_cast<std::uint32_t>(v[1]) << 16);
-  r.y = v[2] | (static_cast<std::uint32_t>(v[3]) << 16);
-  r.z = v[4] | (static_cast<std::uint32_t>(v[5]) << 16);
-  r.w = v[6] | (static_cast<std::uint32_t>(v[7]) << 16);
-  return r;
-}
-
-template <class T>
-__device__ __forceinline__ void unpack8(const uint4& r, float (&x)[8]) {
-  const std::uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    x[2 * i] = to_float<T>(static_cast<std::uint16_t>(w[i] & 0xffffu));
-    x[2 * i + 1] = to_float<T>(static_cast<std::uint16_t>(w[i] >> 16));
-  }
-}
+// The 16-bit row readers (cuda/rows16.cuh, shared with the other module).
+using rows16::load8;
+using rows16::to_float;
+using rows16::unpack8;
 
 }  // namespace sparge::cuda::quant
