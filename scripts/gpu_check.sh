@@ -54,6 +54,7 @@ if has bench; then
     echo "## validation, smaller shape"
     timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -v=1
     timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -causal=1 -v=1
+    timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -recipe=fp8 -v=1
     echo "## fp8 recipe: prepass variants, fp16 vs fp8 kernel on the same LUTs (prepass included)"
     SPARGE_BENCH=1 timeout 120 "$B/tests/sparge_gpu_tests" --filter='FP8_BENCH|QUANT_GPU_BENCH' 2>&1 | grep -E 'bench|QUANT_GPU_BENCH'
     echo "## block-map scaling, b*h*s fixed"

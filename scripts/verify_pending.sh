@@ -23,6 +23,10 @@ if has fp8; then
   note "fp8 kernel cases: $(verdict "$OUT/pending_fp8.log")"
   SPARGE_QUANT_VARIANT=stream timeout 150 "$T" --filter='FP8\(' >"$OUT/pending_fp8_stream.log" 2>&1
   note "fp8 cases on the stream prepass: $(verdict "$OUT/pending_fp8_stream.log")"
+  # The tool's fp8 path, validated against the CPU specification.
+  timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -recipe=fp8 -v=1 \
+    >"$OUT/pending_tool_fp8.log" 2>&1
+  note "sparge bench -recipe=fp8 -v=1: rc=$? $(grep -E '^validation' "$OUT/pending_tool_fp8.log")"
 fi
 
 if has quant; then
