@@ -54,6 +54,27 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// The tile's Q rows [row0, row0 + kBM) of the group into 64-row sw128 tiles at sq (zero past the
+// group's rows), chunks t, t + kThreads, ... by thread t; kUnroll: the loop's unroll (the
+// warp-specialized producer keeps it small for its register budget).
+template <class T, int D, int kBM, int kThreads, int kUnroll>
+__device__ __forceinline__ void load_q_sw(const AttnArgs& a, const GroupPos& gp, int row0, unsigned char* sq, int t) {
+  constexpr int kChunks = D / 8;
+  constexpr std::uint32_t kTile = 64 * D * 2;
+  const Geometry& geo = a.geo;
+  const T* qb = static_cast<const T*>(a.q) + gp.b * a.q0;
+#pragma unroll kUnroll
+  for (int it = 0; it < kBM * kChunks / kThreads; ++it) {
+    const int idx = t + it * kThreads;
+    const int r = idx / kChunks, chunk = idx % kChunks;
+    const int gr = row0 + r;
+    const bool valid = gr < gp.rows;
+    const std::int64_t i = valid ? gp.i0 + gr / geo.g : 0;
+    const std::int64_t h = valid ? gp.hk * geo.g + gr % geo.g : 0;
+    cp_async16(sq + (r >> 6) * kTile + sw128(r & 63, chunk), qb + i * a.q1 + h * a.q2 + chunk * 8, valid);
+  }
+}
+
 template <class T, int D, int kThreads>
 __device__ __forceinline__ void load_kv_sw(const AttnArgs& a, const GroupPos& gp, const std::int32_t* keys, int U,
                                            int blk, unsigned char* sk, unsigned char* sv) {
@@ -105,19 +126,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
   const int nblk = (U + kBN - 1) / kBN;
 
   // Q rows of the tile (zero past the group's rows).
-  {
-    const T* qb = static_cast<const T*>(a.q) + gp.b * a.q0;
-#pragma unroll
-    for (int it = 0; it < kBM * kChunks / kThreads; ++it) {
-      const int idx = tid + it * kThreads;
-      const int r = idx / kChunks, chunk = idx % kChunks;
-      const int gr = row0 + r;
-      const bool valid = gr < gp.rows;
-      const std::int64_t i = valid ? gp.i0 + gr / geo.g : 0;
-      const std::int64_t h = valid ? gp.hk * geo.g + gr % geo.g : 0;
-      cp_async16(sq + (r >> 6) * kTile + sw128(r & 63, chunk), qb + i * a.q1 + h * a.q2 + chunk * 8, valid);
-    }
-  }
+  load_q_sw<T, D, kBM, kThreads, kBM * kChunks / kThreads>(a, gp, row0, sq, tid);
   // Prologue: Q with step 0 as the first commit group, then steps 1 .. kStages - 2, one group
   // each (empty groups past the end keep the count: step blk is always group blk).
   constexpr int kStages = WgShape<WG, ST>::kStages;

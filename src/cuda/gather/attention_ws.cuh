@@ -182,17 +182,7 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
     const bool wait_mode = a.ws_arrive_wait != 0;
     // Q rows of the tile (zero past the group's rows), completed on q_full.
     {
-      const T* qb = static_cast<const T*>(a.q) + gp.b * a.q0;
-#pragma unroll 4
-      for (int it = 0; it < Sh::kBM * kChunks / 128; ++it) {
-        const int idx = pt + it * 128;
-        const int r = idx / kChunks, chunk = idx % kChunks;
-        const int gr = row0 + r;
-        const bool valid = gr < gp.rows;
-        const std::int64_t i = valid ? gp.i0 + gr / geo.g : 0;
-        const std::int64_t h = valid ? gp.hk * geo.g + gr % geo.g : 0;
-        cp_async16(sq + (r >> 6) * kTile + sw128(r & 63, chunk), qb + i * a.q1 + h * a.q2 + chunk * 8, valid);
-      }
+      load_q_sw<T, D, Sh::kBM, 128, 4>(a, gp, row0, sq, pt);
       if (wait_mode) {
         cp_async_wait_every();
         fence_proxy_async_smem();
