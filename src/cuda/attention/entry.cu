@@ -150,13 +150,10 @@ Status check_rows(const char* op, const char* name, const Tensor& t) {
   return {};
 }
 
-// Checks shared by both kernels, then the portable kernel's instantiation (or why none can run).
-Status select_portable(const Problem& pb, const Variant** out) {
+// The dtypes, row layouts and size limits every cuda attention kernel needs. qkv_rows: q, k and v are
+// read by the kernel itself (the fp8 recipe's kernel reads the prepass's copies, which take any strides).
+Status check_io(const Problem& pb, bool qkv_rows) {
   const Tensor& q = *pb.q;
-  const std::int64_t d = q.shape[3];
-  if (d != 64 && d != 128) {
-    return unsupported(detail::cat(pb.op, ": head dim ", d, " is not supported on cuda (64, 128)"));
-  }
   if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
     return unsupported(detail::cat(pb.op, ": q.dtype = ", to_string(q.dtype), " is not supported on cuda (f16, bf16)"));
   }
@@ -164,9 +161,11 @@ Status select_portable(const Problem& pb, const Variant** out) {
     return unsupported(detail::cat(pb.op, ": o.dtype = ", to_string(pb.o->dtype), " is not supported on cuda (",
                                    to_string(q.dtype), " or f32)"));
   }
-  SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "q", q));
-  SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "k", *pb.k));
-  SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "v", *pb.v));
+  if (qkv_rows) {
+    SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "q", q));
+    SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "k", *pb.k));
+    SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "v", *pb.v));
+  }
   SPARGE_RETURN_IF_ERROR(check_rows(pb.op, "o", *pb.o));
   const detail::Dims dims = detail::attention_dims(q, *pb.k, *pb.varlen);
   const std::int64_t tiles = num_blocks(dims.sq, pb.blkq) * dims.hq * dims.batch;
@@ -177,6 +176,17 @@ Status select_portable(const Problem& pb, const Variant** out) {
     return unsupported(detail::cat(pb.op, ": sequence lengths up to 2^30 are supported on cuda (Sq = ", dims.sq,
                                    ", Sk = ", dims.sk, ")"));
   }
+  return {};
+}
+
+// Checks shared by both kernels, then the portable kernel's instantiation (or why none can run).
+Status select_portable(const Problem& pb, const Variant** out) {
+  const Tensor& q = *pb.q;
+  const std::int64_t d = q.shape[3];
+  if (d != 64 && d != 128) {
+    return unsupported(detail::cat(pb.op, ": head dim ", d, " is not supported on cuda (64, 128)"));
+  }
+  SPARGE_RETURN_IF_ERROR(check_io(pb, true));
   const Variant* chosen = nullptr;
   for (const Variant& v : kVariants) {
     if (v.dtype == q.dtype && v.head_dim == d && v.blkq == pb.blkq && v.blkk == pb.blkk) chosen = &v;
@@ -396,20 +406,7 @@ Status select_fp8(const BlockSparseAttentionParams& p, const Fp8Variant** out) {
   if (p.blkq != 128) {
     return unsupported(detail::cat(op, ": recipe = fp8 supports blkq = 128 on cuda (got blkq = ", p.blkq, ")"));
   }
-  if (p.q.dtype != DType::f16 && p.q.dtype != DType::bf16) {
-    return unsupported(detail::cat(op, ": q.dtype = ", to_string(p.q.dtype), " is not supported on cuda (f16, bf16)"));
-  }
-  if (p.o.dtype != p.q.dtype && p.o.dtype != DType::f32) {
-    return unsupported(detail::cat(op, ": o.dtype = ", to_string(p.o.dtype), " is not supported on cuda (",
-                                   to_string(p.q.dtype), " or f32)"));
-  }
-  SPARGE_RETURN_IF_ERROR(check_rows(op, "o", p.o));
-  const detail::Dims dims = detail::attention_dims(p.q, p.k, p.varlen);
-  if (num_blocks(dims.sq, p.blkq) * dims.hq * dims.batch > std::numeric_limits<int>::max() ||
-      dims.sq > std::numeric_limits<int>::max() / 2 || dims.sk > std::numeric_limits<int>::max() / 2) {
-    return unsupported(detail::cat(op, ": the problem exceeds the cuda grid or sequence limits (Sq = ", dims.sq,
-                                   ", Sk = ", dims.sk, ")"));
-  }
+  SPARGE_RETURN_IF_ERROR(check_io(sparse_problem(p), false));
   const Fp8Variant* chosen = nullptr;
   for (const Fp8Variant& v : kFp8Variants) {
     if (v.dtype == p.q.dtype && v.blkk == p.blkk) chosen = &v;
