@@ -600,6 +600,30 @@ struct Consumer {
     }
   }
 
+  // The probabilities of this thread's scores against the new running maxima m (m_old: before this
+  // tile), P = 2^(s * scale(r, j) - m + kLog2P), their sums into l, and alpha = the factors O must be
+  // rescaled by. A row with no visible key yet (m = -inf) uses 0 as its max (all its P are 0).
+  // scale(r, j): the scale of row r's score tile j (compile-time j; a register per row or half).
+  template <int kLog2P, class Scale>
+  __device__ __forceinline__ void exponentiate(const float (&m_old)[2], float (&alpha)[2], Scale scale) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_use = m[r] == -INFINITY ? 0.0f : m[r];
+      alpha[r] = ex2(m_old[r] - m_use);
+      const float neg = kLog2P == 0 ? -m_use : static_cast<float>(kLog2P) - m_use;
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < Tr::kKTiles; ++j) {
+        const float cj = scale(r, j);
+        s[j][2 * r] = ex2(fmaf(s[j][2 * r], cj, neg));
+        s[j][2 * r + 1] = ex2(fmaf(s[j][2 * r + 1], cj, neg));
+        sum0 += s[j][2 * r];
+        sum1 += s[j][2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + (sum0 + sum1);
+    }
+  }
+
   // Online softmax of the raw scores S_i (keys k0a.. and, paired, k0b..), the portable kernel's
   // arithmetic with the scale folded in: the row max is taken on raw scores and scaled once
   // (scale > 0, and rounding is monotonic, so this is the max of the scaled scores bit for bit),
@@ -646,21 +670,7 @@ struct Consumer {
       if (!Tr::kPair || k0b == kNoKeys) ok1 = false;  // a half tile (or the unpaired kernel) has no second block
       vote = warp_vote(ok0, ok1, seq);
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_use = m[r] == -INFINITY ? 0.0f : m[r];
-      alpha[r] = ex2(m_old[r] - m_use);
-      const float neg = -m_use;
-      float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < Tr::kKTiles; ++j) {
-        s[j][2 * r] = ex2(fmaf(s[j][2 * r], scale, neg));
-        s[j][2 * r + 1] = ex2(fmaf(s[j][2 * r + 1], scale, neg));
-        sum0 += s[j][2 * r];
-        sum1 += s[j][2 * r + 1];
-      }
-      l[r] = l[r] * alpha[r] + (sum0 + sum1);
-    }
+    exponentiate<0>(m_old, alpha, [scale](int, int) { return scale; });
     if constexpr (kVote == kVoteLegacy) {
       vote = uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, ok0)) != 0 ? 1 : 0;
     }
@@ -729,22 +739,7 @@ struct Consumer {
       if (!Tr::kPair || k0b == kNoKeys) ok1 = false;
       vote = warp_vote(ok0, ok1, seq);
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_use = m[r] == -INFINITY ? 0.0f : m[r];
-      alpha[r] = ex2(m_old[r] - m_use);
-      const float neg = 8.0f - m_use;
-      float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < Tr::kKTiles; ++j) {
-        const float cj = j < Tr::kHalfTiles ? c[r][0] : c[r][1];
-        s[j][2 * r] = ex2(fmaf(s[j][2 * r], cj, neg));
-        s[j][2 * r + 1] = ex2(fmaf(s[j][2 * r + 1], cj, neg));
-        sum0 += s[j][2 * r];
-        sum1 += s[j][2 * r + 1];
-      }
-      l[r] = l[r] * alpha[r] + (sum0 + sum1);
-    }
+    exponentiate<8>(m_old, alpha, [&c](int r, int j) { return j < Tr::kHalfTiles ? c[r][0] : c[r][1]; });
     if constexpr (kVote == kVoteLegacy) {
       vote = uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, ok0)) != 0 ? 1 : 0;
     }
