@@ -643,38 +643,41 @@ struct Consumer {
   __device__ __forceinline__ int softmax_step(int k0a, int k0b, float (&alpha)[2], std::uint32_t seq,
                                               const float (&ksc)[2]) {
     if constexpr (kMask) mask_scores(k0a, k0b);
-    if constexpr (Tr::kFp8) return softmax_step_fp8<kVote>(k0b, alpha, seq, ksc);
-    const float scale = p.scale_log2;
-    constexpr bool kSplit = Tr::kPair && kVote == kVoteWarp;
-    float m_old[2];
-    bool ok0 = true, ok1 = true;
+    if constexpr (Tr::kFp8) {
+      return softmax_step_fp8<kVote>(k0b, alpha, seq, ksc);
+    } else {
+      const float scale = p.scale_log2;
+      constexpr bool kSplit = Tr::kPair && kVote == kVoteWarp;
+      float m_old[2];
+      bool ok0 = true, ok1 = true;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m_old[r] = m[r];
-      if constexpr (kSplit) {
-        const float t0 = raw_max<0, Tr::kBlockKTiles>(r);  // this thread's partial maxima (raw)
-        const float t1 = raw_max<Tr::kBlockKTiles, Tr::kKTiles>(r);
-        m[r] = fmaxf(m[r], quad_max(fmaxf(t0, t1)) * scale);
-        // __fmul_rn: the scaled max, rounded as the old max-then-scale was (not contracted into
-        // the test's subtraction), so the decisions are bitwise those of before.
-        ok0 &= pv_skippable(__fmul_rn(t0, scale), m_old[r], pv_thr[r]);
-        ok1 &= pv_skippable(__fmul_rn(t1, scale), m[r], pv_thr[r]);
-      } else {
-        const float x = quad_max(raw_max<0, Tr::kKTiles>(r)) * scale;
-        m[r] = fmaxf(m[r], x);
-        if constexpr (kVote != kVoteOff) ok0 &= pv_skippable(x, m[r], pv_thr[r]);
+      for (int r = 0; r < 2; ++r) {
+        m_old[r] = m[r];
+        if constexpr (kSplit) {
+          const float t0 = raw_max<0, Tr::kBlockKTiles>(r);  // this thread's partial maxima (raw)
+          const float t1 = raw_max<Tr::kBlockKTiles, Tr::kKTiles>(r);
+          m[r] = fmaxf(m[r], quad_max(fmaxf(t0, t1)) * scale);
+          // __fmul_rn: the scaled max, rounded as the old max-then-scale was (not contracted into
+          // the test's subtraction), so the decisions are bitwise those of before.
+          ok0 &= pv_skippable(__fmul_rn(t0, scale), m_old[r], pv_thr[r]);
+          ok1 &= pv_skippable(__fmul_rn(t1, scale), m[r], pv_thr[r]);
+        } else {
+          const float x = quad_max(raw_max<0, Tr::kKTiles>(r)) * scale;
+          m[r] = fmaxf(m[r], x);
+          if constexpr (kVote != kVoteOff) ok0 &= pv_skippable(x, m[r], pv_thr[r]);
+        }
       }
+      int vote = 0;
+      if constexpr (kVote == kVoteWarp) {
+        if (!Tr::kPair || k0b == kNoKeys) ok1 = false;  // a half tile (or the unpaired kernel) has no second block
+        vote = warp_vote(ok0, ok1, seq);
+      }
+      exponentiate<0>(m_old, alpha, [scale](int, int) { return scale; });
+      if constexpr (kVote == kVoteLegacy) {
+        vote = uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, ok0)) != 0 ? 1 : 0;
+      }
+      return vote;
     }
-    int vote = 0;
-    if constexpr (kVote == kVoteWarp) {
-      if (!Tr::kPair || k0b == kNoKeys) ok1 = false;  // a half tile (or the unpaired kernel) has no second block
-      vote = warp_vote(ok0, ok1, seq);
-    }
-    exponentiate<0>(m_old, alpha, [scale](int, int) { return scale; });
-    if constexpr (kVote == kVoteLegacy) {
-      vote = uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, ok0)) != 0 ? 1 : 0;
-    }
-    return vote;
   }
   // Masked only where the tile needs it (a real branch: with the mask if-converted every block
   // pays two instructions per score). A half tile (kb[1] < 0 in the paired kernel) always does.
