@@ -87,13 +87,7 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
           static_cast<int>(clamp64(len - b * sg.blk, 0, sg.blk))};
 }
 
-// PREFETCH: the loads of the item's next batch are issued before the current batch is added up
-// (two register sets); without it a warp alternates between loading a batch and adding it. The
-// arithmetic is the same either way (same bits).
 // VEC: 16-byte loads (every Rows::vec); else 8 strided 2-byte loads per lane (any strides).
-// MINB: CTAs per SM the registers are capped for (3 spills ~100 bytes per thread, 2 spills none
-// without PREFETCH).
-// BATCH: steps of 16-byte loads in flight per lane (kBatch, or 16 for the `wide` variant).
 // SHIFT: sg.shift is set (the K rows of pass 2: the unit's K mean is subtracted from every row);
 // without it the subtraction of zeros is left out (x - 0 is x, -0 included: the same bits).
 // STAGES > 0 (VEC only): the loads go through this warp's ring in shared memory (`ring`, STAGES
@@ -101,18 +95,10 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
 // added up, so a warp keeps loads in flight while it adds and needs one register set. Each lane
 // reads back only the slots it copied into (it waits for its own cp.async groups; no warp
 // barrier). Rows past the item and lanes past D / 8 get zero-filled slots, as `fetch` gives zeros.
-// STREAM (with STAGES > 0): the ring is fed by the warp's stream of batches over all its items
-// (`next`, pass_kernel's issue cursor, which may already be in a later item), so loads stay in
-// flight across item boundaries; `cslot` is the ring stage of the next batch to add up.
-struct NoNext {
-  __device__ void operator()() const {}
-};
-template <class T, int LANES, bool PREFETCH, bool VEC, int BATCH, bool SHIFT, int STAGES = 0, bool STREAM = false,
-          class Next = NoNext>
+// STAGES == 0: the warp alternates between loading a batch into registers and adding it up.
+template <class T, int LANES, bool VEC, bool SHIFT, int STAGES>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
-                                          std::int64_t b, uint4* ring = nullptr, int* cslot = nullptr,
-                                          const Next* next = nullptr) {
-  constexpr int kBatch = BATCH;  // shadows the file's default
+                                          std::int64_t b, uint4* ring) {
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -168,7 +154,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         unpack8<T>(raw[u], v);
         if (!pool) {
           // Rows past the item add nothing (not even +0, which would turn a -0 sum into +0): the
-          // bits do not depend on where a batch ends, so every BATCH gives the same chunk sums.
+          // bits do not depend on where a batch ends.
           if (valid) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) sum[j] += v[j];
@@ -207,22 +193,8 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       }
     };
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
-    if constexpr (STREAM) {
-      static_assert(VEC && !PREFETCH && STAGES > 1, "the streamed ring takes 16-byte rows");
-      const int nb = (n + kRowsPerBatch - 1) / kRowsPerBatch;
-      for (int t = 0; t < nb; ++t) {
-        // The stream's next batch into the stage this warp added up last (in registers by now).
-        (*next)();
-        cp_async_wait<STAGES - 1>();  // batch t of this item has landed (this lane's own copies)
-        uint4 cur[kBatch];
-        const uint4* slot = ring + *cslot * (kBatch * 32) + lane;
-        *cslot = *cslot + 1 == STAGES ? 0 : *cslot + 1;
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) cur[u] = slot[u * 32];
-        consume_any(cur, t * kRowsPerBatch);
-      }
-    } else if constexpr (STAGES > 0) {
-      static_assert(VEC && !PREFETCH, "the cp.async ring takes 16-byte rows");
+    if constexpr (STAGES > 0) {
+      static_assert(VEC, "the cp.async ring takes 16-byte rows");
       const int nb = (n + kRowsPerBatch - 1) / kRowsPerBatch;  // batches of the item
       // Batch t into ring stage t % STAGES; past the last batch an empty group, so that every
       // iteration below waits for the same count.
@@ -254,19 +226,8 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       uint4 cur[kBatch];
       if (n > 0) fetch(cur, 0);
       for (int s0 = 0; s0 < n; s0 += kRowsPerBatch) {
-        const bool more = s0 + kRowsPerBatch < n;
-        if constexpr (PREFETCH) {
-          uint4 nxt[kBatch];
-          if (more) fetch(nxt, s0 + kRowsPerBatch);
-          consume_any(cur, s0);
-          if (more) {
-#pragma unroll
-            for (int u = 0; u < kBatch; ++u) cur[u] = nxt[u];
-          }
-        } else {
-          consume_any(cur, s0);
-          if (more) fetch(cur, s0 + kRowsPerBatch);
-        }
+        consume_any(cur, s0);
+        if (s0 + kRowsPerBatch < n) fetch(cur, s0 + kRowsPerBatch);
       }
     }
     // The row groups of the warp, in a fixed tree; lanes of group 0 end with the totals.
@@ -374,17 +335,14 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
   __syncwarp();  // red is reused by this warp's next mean
 }
 
-// The plain pass: a 1-D grid-stride loop over the items of one or two segments.
-// STAGES > 0: the cp.async ring of pool_item, STAGES * BATCH * 512 bytes of dynamic shared memory
+// The pass: a 1-D grid-stride loop (or ticket loop) over the items of one or two segments.
+// STAGES > 0: the cp.async ring of pool_item, STAGES * kBatch * 512 bytes of dynamic shared memory
 // per warp.
-// STREAM: the ring is fed across items (pool_item's STREAM); the items of a warp are w0, w0 + grid
-// warps, ... (no ticket), so the issue cursor below walks the same sequence as the item loop.
-template <class T, int LANES, bool PREFETCH, bool VEC, int MINB, int BATCH = kBatch, int STAGES = 0,
-          bool STREAM = false>
+template <class T, int LANES, bool VEC, int MINB, int STAGES = 0>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
   extern __shared__ uint4 pool_ring[];
-  uint4* const ring = pool_ring + (threadIdx.x / 32) * (STAGES * BATCH * 32);
+  uint4* const ring = pool_ring + (threadIdx.x / 32) * (STAGES * kBatch * 32);
   const std::int64_t total = a.seg[0].count + a.seg[1].count;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -395,62 +353,18 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     return static_cast<std::int64_t>(__shfl_sync(0xffffffffu, t, 0));
   };
   const std::int64_t w0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  // Item w: its segment and (sequence, head, block).
-  const auto locate = [&](std::int64_t w, const Segment*& sgp, std::int64_t& si, std::int64_t& h, std::int64_t& b) {
+  for (std::int64_t w = a.ticket == nullptr ? w0 : next(0); w < total; w = next(w)) {
+    // Item w: its segment and (sequence, head, block).
     const bool first = w < a.seg[0].count;
-    sgp = first ? &a.seg[0] : &a.seg[1];  // __grid_constant__: no copy
+    const Segment& sg = first ? a.seg[0] : a.seg[1];  // __grid_constant__: no copy
     std::int64_t i = first ? w : w - a.seg[0].count;
-    if (sgp->reverse) i = sgp->count - 1 - i;
-    decode_item(*sgp, i, a.small, si, h, b);
-  };
-  // STREAM: the issue cursor (item iw, its next batch it of inb, ring stage istage), STAGES - 1
-  // batches ahead of the adding; past the warp's last item it commits empty groups.
-  constexpr int kRowsPerStep = 32 / LANES, kRowsPerBatch = BATCH * kRowsPerStep;
-  const int sub = lane % LANES, grp = lane / LANES;
-  const bool col_ok = sub < a.g.d / 8;
-  std::int64_t iw = w0, irstep = 0;
-  int it = 0, inb = 0, in_rows = 0, istage = 0, cslot = 0;
-  const std::uint16_t* irow0 = nullptr;
-  const auto view = [&]() {  // item iw's rows
-    const Segment* sgp;
-    std::int64_t si, h, b;
-    locate(iw, sgp, si, h, b);
-    const ItemRows v = item_rows(a.g, *sgp, si, h, b);
-    irow0 = v.row0, in_rows = v.n, irstep = sgp->x.stride[1];
-    inb = (in_rows + kRowsPerBatch - 1) / kRowsPerBatch, it = 0;
-  };
-  const auto issue_next = [&]() {
-    while (iw < total && it >= inb) {
-      iw += stride;
-      if (iw < total) view();
-    }
-    if (iw < total) {
-      uint4* slot = ring + istage * (BATCH * 32) + lane;
-#pragma unroll
-      for (int u = 0; u < BATCH; ++u) {
-        const int r = it * kRowsPerBatch + u * kRowsPerStep + grp;
-        const bool ok = col_ok && r < in_rows;
-        cp_async16(slot + u * 32, ok ? irow0 + r * irstep + sub * 8 : irow0, ok);
-      }
-      ++it;
-      istage = istage + 1 == STAGES ? 0 : istage + 1;
-    }
-    cp_async_commit();
-  };
-  if constexpr (STREAM) {
-    if (iw < total) view();
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) issue_next();
-  }
-  for (std::int64_t w = (STREAM || a.ticket == nullptr) ? w0 : next(0); w < total; w = STREAM ? w + stride : next(w)) {
-    const Segment* sgp;
+    if (sg.reverse) i = sg.count - 1 - i;
     std::int64_t h, b, si;
-    locate(w, sgp, si, h, b);
-    const Segment& sg = *sgp;
+    decode_item(sg, i, a.small, si, h, b);
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, PREFETCH, VEC, BATCH, true, STAGES, STREAM>(a.g, sg, si, h, b, ring, &cslot, &issue_next);
+      pool_item<T, LANES, VEC, true, STAGES>(a.g, sg, si, h, b, ring);
     } else {
-      pool_item<T, LANES, PREFETCH, VEC, BATCH, false, STAGES, STREAM>(a.g, sg, si, h, b, ring, &cslot, &issue_next);
+      pool_item<T, LANES, VEC, false, STAGES>(a.g, sg, si, h, b, ring);
     }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
@@ -517,32 +431,24 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
   }
 }
 
-// SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows, for timing
-// comparisons; every variant gives the same bits:
-//   base3 (default): no prefetch, 3 CTAs per SM (the kernel of 2026-11-29, with register spills);
-//   prefetch: PREFETCH, 2 CTAs per SM;  base: no prefetch, 2 CTAs per SM;
-//   wide: no prefetch, 16 load steps per batch (twice the bytes in flight per warp), 2 CTAs per SM;
-//   small4: no prefetch, 4 load steps per batch, 4 CTAs per SM (more warps, fewer registers each).
-//   async: loads through a per-warp cp.async ring of 2 batches (one ahead), 3 CTAs per SM;
-//   async3: a ring of 3 batches (two ahead), 2 CTAs per SM; async4x4: a ring of 4 batches of 4
-//   steps (three ahead), 3 CTAs per SM (all 64 or 96 KB of shared memory per CTA).
-//   stream3, stream4x4: the rings of async3 / async4x4 fed across items (a warp's loads stay in
-//   flight from one item into the next), on a grid of the resident CTAs (warp w takes items w,
-//   w + grid warps, ...; SPARGE_BLOCKMAP_TICKET does not apply).
-enum class PoolVariant { kPrefetch, kBase, kBase3, kWide, kSmall4, kAsync, kAsync3, kAsync4x4, kStream3, kStream4x4 };
+// SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows; both give the same
+// bits:
+//   async3 (default since 2026-11-30, session 5): the loads go through a per-warp cp.async ring of
+//     3 batches (two ahead of the one being added up), 2 CTAs per SM, 96 KB of dynamic shared
+//     memory per CTA. H200, b2 h32 s16384 d128 128x64: pool Q + K sums 0.1425 ms, pool K 0.0838
+//     (base3: 0.158 / 0.092);
+//   base3: loads into registers and adds in turn, 3 CTAs per SM (the default of 2026-11-29 to
+//     session 4, ~100 bytes of register spills per thread). Kept as the path of devices whose
+//     CTAs cannot have the ring's shared memory (async3 falls back to it) and as the reference
+//     the ring is compared with.
+// Deleted after the session-5 measurement (same bits, not faster): prefetch, base, wide, small4,
+// async, async4x4, and the cross-item rings stream3 / stream4x4 (stream4x4 equalled async3's total,
+// with an issue cursor across items: more code for nothing).
+enum class PoolVariant { kAsync3, kBase3 };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
-  if (v != nullptr && std::strcmp(v, "stream3") == 0) return PoolVariant::kStream3;
-  if (v != nullptr && std::strcmp(v, "stream4x4") == 0) return PoolVariant::kStream4x4;
-  if (v != nullptr && std::strcmp(v, "async") == 0) return PoolVariant::kAsync;
-  if (v != nullptr && std::strcmp(v, "async3") == 0) return PoolVariant::kAsync3;
-  if (v != nullptr && std::strcmp(v, "async4x4") == 0) return PoolVariant::kAsync4x4;
-  if (v != nullptr && std::strcmp(v, "small4") == 0) return PoolVariant::kSmall4;
-  if (v != nullptr && std::strcmp(v, "base") == 0) return PoolVariant::kBase;
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
-  if (v != nullptr && std::strcmp(v, "wide") == 0) return PoolVariant::kWide;
-  if (v != nullptr && std::strcmp(v, "prefetch") == 0) return PoolVariant::kPrefetch;
-  return PoolVariant::kBase3;  // the fastest on the H200 (2026-11-30)
+  return PoolVariant::kAsync3;
 }
 
 // SPARGE_BLOCKMAP_KMEAN (read per call; same bits either way): `launch` (default) runs
@@ -612,36 +518,22 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
       const auto go_kernel = [&](auto kernel) {
         kernel<<<pass_grid(kernel, grid, resident_only), kPoolThreads, 0, st>>>(a);
       };
-      // The cp.async ring variants: STAGES * BATCH * 512 bytes of dynamic shared memory per warp.
-      const auto go_ring = [&](auto kernel, int stages, int batch, bool stream = false) {
-        const int bytes = kWarps * stages * batch * 32 * static_cast<int>(sizeof(uint4));
-        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return;
-        PassArgs b = a;
-        if (stream) b.ticket = nullptr;  // the stream walks its items by the grid stride
-        kernel<<<pass_grid(kernel, grid, resident_only || stream, bytes), kPoolThreads, bytes, st>>>(b);
+      // The cp.async ring: kStages * kBatch * 512 bytes of dynamic shared memory per warp. A device
+      // that cannot give a CTA that much runs base3 (same bits).
+      constexpr int kStages = 3;
+      const auto go_ring = [&](auto kernel) {
+        const int bytes = kWarps * kStages * kBatch * 32 * static_cast<int>(sizeof(uint4));
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) {
+          (void)cudaGetLastError();
+          return false;
+        }
+        kernel<<<pass_grid(kernel, grid, resident_only, bytes), kPoolThreads, bytes, st>>>(a);
+        return true;
       };
       if (!vec) {
-        go_kernel(pass_kernel<T, L, false, false, 2>);
-      } else if (variant == PoolVariant::kPrefetch) {
-        go_kernel(pass_kernel<T, L, true, true, 2>);
-      } else if (variant == PoolVariant::kBase) {
-        go_kernel(pass_kernel<T, L, false, true, 2>);
-      } else if (variant == PoolVariant::kWide) {
-        go_kernel(pass_kernel<T, L, false, true, 2, 16>);
-      } else if (variant == PoolVariant::kSmall4) {
-        go_kernel(pass_kernel<T, L, false, true, 4, 4>);
-      } else if (variant == PoolVariant::kAsync) {
-        go_ring(pass_kernel<T, L, false, true, 3, kBatch, 2>, 2, kBatch);
-      } else if (variant == PoolVariant::kAsync3) {
-        go_ring(pass_kernel<T, L, false, true, 2, kBatch, 3>, 3, kBatch);
-      } else if (variant == PoolVariant::kAsync4x4) {
-        go_ring(pass_kernel<T, L, false, true, 3, 4, 4>, 4, 4);
-      } else if (variant == PoolVariant::kStream3) {
-        go_ring(pass_kernel<T, L, false, true, 2, kBatch, 3, true>, 3, kBatch, true);
-      } else if (variant == PoolVariant::kStream4x4) {
-        go_ring(pass_kernel<T, L, false, true, 3, 4, 4, true>, 4, 4, true);
-      } else {
-        go_kernel(pass_kernel<T, L, false, true, 3>);
+        go_kernel(pass_kernel<T, L, false, 2>);
+      } else if (variant == PoolVariant::kBase3 || !go_ring(pass_kernel<T, L, true, 2, kStages>)) {
+        go_kernel(pass_kernel<T, L, true, 3>);
       }
     };
     if (bf16) {
@@ -692,21 +584,7 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
 
 }  // namespace
 
-const char* pool_variant_name() {
-  switch (pool_variant()) {
-    case PoolVariant::kBase: return "base";
-    case PoolVariant::kBase3: return "base3";
-    case PoolVariant::kWide: return "wide";
-    case PoolVariant::kPrefetch: return "prefetch";
-    case PoolVariant::kSmall4: return "small4";
-    case PoolVariant::kAsync: return "async";
-    case PoolVariant::kAsync3: return "async3";
-    case PoolVariant::kAsync4x4: return "async4x4";
-    case PoolVariant::kStream3: return "stream3";
-    case PoolVariant::kStream4x4: return "stream4x4";
-    default: return "base3";
-  }
-}
+const char* pool_variant_name() { return pool_variant() == PoolVariant::kBase3 ? "base3" : "async3"; }
 
 cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st) {
   const std::int64_t work = g.nseq * g.hk;
