@@ -577,42 +577,43 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
 // folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
-// grids, ticket-ordered items, the scores kernels (the 128 x 128 tile of 2026-11-30, the small
-// micro-tiles) and the warp selection of 2026-11-30 (loads between the items), alone and combined.
-// (SPARGE_BLOCKMAP_SELECT=count is left out: its cdf adds in another fp32 order.)
+// grids, ticket-ordered items, programmatic dependent launches of the scores and the selection
+// (SPARGE_BLOCKMAP_PDL=1), the pivot search of the warp top-k (SPARGE_BLOCKMAP_SELECT=pivot) and
+// the 64 x 128 scores tiles (SPARGE_BLOCKMAP_SCORES=half), alone and combined.
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
     const char* kmean = nullptr;
     const char* kfirst = nullptr;
     const char* pool = nullptr;
     const char* persist = nullptr;
-    const char* scores = nullptr;
+    const char* pdl = nullptr;
     const char* select = nullptr;
     const char* ticket = nullptr;
+    const char* scores = nullptr;
   };
   const char* const o = nullptr;  // unset
   // The default pooling is async3 (the cp.async ring); base3 is the register path.
   const Setting settings[] = {
       {"fold", o, o, o, o, o},          {o, "1", o, o, o, o},             {o, o, "base3", o, o, o},
       {"fold", "1", "base3", o, o, o},  {o, o, o, "1", o, o},             {o, "1", "base3", "1", o, o},
-      {o, o, o, o, "small", o},         {"fold", o, o, "1", "small", o},  {o, o, o, o, "stage", o},
-      {o, o, o, o, o, "load1st"},       {o, o, o, o, "stage", "load1st"}, {o, "1", o, o, o, o, "1"},
-      {"fold", o, "base3", o, o, o, "1"}, {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, o, "load1st12"}};
+      {o, o, o, o, "1", o},             {o, o, o, o, o, "pivot"},         {o, o, o, o, "1", "pivot"},
+      {"fold", o, o, "1", "1", "pivot"}, {o, "1", o, o, o, o, "1"},       {"fold", o, "base3", o, o, o, "1"},
+      {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, o, o, o, "half"},  {o, o, o, o, "1", "pivot", o, "half"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   for (const Setting& st : settings) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
         pool("SPARGE_BLOCKMAP_POOL", st.pool), persist("SPARGE_BLOCKMAP_PERSIST", st.persist),
-        scores("SPARGE_BLOCKMAP_SCORES", st.scores), select("SPARGE_BLOCKMAP_SELECT", st.select),
-        ticket("SPARGE_BLOCKMAP_TICKET", st.ticket);
+        pdl("SPARGE_BLOCKMAP_PDL", st.pdl), select("SPARGE_BLOCKMAP_SELECT", st.select),
+        ticket("SPARGE_BLOCKMAP_TICKET", st.ticket), scores("SPARGE_BLOCKMAP_SCORES", st.scores);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
-                             " PERSIST=" + show(st.persist) + " SCORES=" + show(st.scores) +
-                             " SELECT=" + show(st.select) + " TICKET=" + show(st.ticket);
+                             " PERSIST=" + show(st.persist) + " PDL=" + show(st.pdl) +
+                             " SELECT=" + show(st.select) + " TICKET=" + show(st.ticket) + " SCORES=" + show(st.scores);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))
@@ -911,7 +912,7 @@ SPARGE_CASES(BlockMapGpu) {
     c.blkk = 128, c.pattern = Pattern::ramp;
     add(cases, c);
     // NQ = NK = 141 (causal top-k) and NQ 133, NK 188 (cdf, bf16 HND): the 128 x 128 scores tiles
-    // (and the 64 x 64 ones of SPARGE_BLOCKMAP_SCORES=small) are partial both ways, causal ones skipped.
+    // are partial both ways, causal ones skipped.
     c.b = 2, c.hq = 4, c.hk = 2, c.sq = 9000, c.sk = 9000, c.d = 64, c.causal = true, c.use_topk = true;
     c.sel = {0.2f}, c.sim = {0.1f}, c.blkk = 64, c.pattern = Pattern::ramp;  // random draws near-ties at this size
     add(cases, c);
@@ -935,6 +936,15 @@ SPARGE_CASES(BlockMapGpu) {
     Cfg c;
     c.b = 1, c.hq = 2, c.hk = 1, c.sq = 8256, c.sk = d == 72 ? 8320 : 16384, c.d = d, c.sel = {0.3f};
     c.causal = d == 256, c.pattern = Pattern::ramp, c.switches = true;
+    add(cases, c);
+  }
+  // Exact ties in warp rows under every switch (the pivot search of SPARGE_BLOCKMAP_SELECT=pivot
+  // must stop on a tied value and keep the CPU's ties in block order): duplicated K blocks over
+  // 256 key blocks (8 per lane), identical rows over 125 (4 per lane: every score of a row equal).
+  for (Pattern pat : {Pattern::dup, Pattern::same}) {
+    Cfg c;
+    c.b = 1, c.hq = 2, c.hk = 1, c.sq = 640, c.sk = pat == Pattern::dup ? 16384 : 8000, c.d = 64;
+    c.sel = {pat == Pattern::dup ? 0.4f : 0.3f}, c.pattern = pat, c.switches = true, c.causal = pat == Pattern::same;
     add(cases, c);
   }
   // Determinism: the same inputs give bitwise the same outputs (run four times).

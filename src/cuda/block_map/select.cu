@@ -1,26 +1,26 @@
-// The selection of docs/semantics.md (Stage 1, steps 4-7): one CTA per query block row.
+// The selection of docs/semantics.md (Stage 1, steps 4-7).
+//
+// Rows of at most 256 key blocks (the common case: Sk <= 32k at blkk = 128, 16k at blkk = 64) take
+// one warp per row (select_row_kernel): lane l holds key blocks l, l + 32, ...; top-k and cdf find
+// their crossing point by search over the order of the scores (select_by_search: no sort), and the
+// LUT row comes from ballots. No block barriers, 4 rows per 128-thread CTA.
+//
+// Longer rows take one CTA per row (select_kernel):
 //   1. Items in blocked arrangement (thread t holds key blocks t*IPT .. t*IPT+IPT-1): the score
 //      of every visible block, -inf for a forced column (K block not self-similar); the keep
 //      flags of forced rows, forced columns and the sink.
 //   2. The rankable blocks (visible, finite score) become 64-bit keys
 //        (~order_bits(S) << IDX_BITS) | kb,
-//      so an ascending block-wide radix sort (CUB BlockRadixSort) orders them by S descending and
-//      ties toward the lower block index, exactly the CPU's strict total order.
-//   3. top-k keeps the first n = min(R, max(1, floor((double)topk * NV))) ranks; cdf scans
+//      ordered by S descending and ties toward the lower block index, exactly the CPU's strict
+//      total order.
+//   3. top-k keeps the first n = min(R, max(1, floor((double)topk * NV))) blocks of that order,
+//      found by a block-wide bit search; cdf sorts the keys (CUB BlockRadixSort), scans
 //      exp(S - S_max) in rank order (CUB BlockScan, fixed order) and keeps the ranks up to the
 //      first whose cumulative probability reaches cdfthreshd (the crossing block included; all
 //      of them when rounding keeps the sum below).
 //   4. An exclusive scan of the keep flags in block order writes the ascending LUT row, -1 after.
 // Nothing uses float atomics; the one atomic (atomicMin on an int rank) has an order-independent
 // result, so a row's output is the same on every run.
-//
-// Rows of at most 256 key blocks (the common case: Sk <= 32k at blkk = 128) take a lighter path,
-// one warp per row (select_warp_kernel): lane l holds key blocks l, l + 32, ...; the rank of each
-// rankable key is the number of smaller keys (the same strict total order, by counting instead of
-// sorting), the cdf scan runs over the scores placed at their ranks, and the LUT row comes from
-// ballots. No block barriers, and 4 rows per 128-thread CTA. The default (SPARGE_BLOCKMAP_SELECT)
-// is the bit search (select_by_search), not the counting, in select_row_kernel (every load of the
-// row first, the narrowed top-k search with an early exit).
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "cuda/block_map/block_map.cuh"
+#include "cuda/block_map/pdl.cuh"
 
 namespace sparge::cuda::block_map {
 
@@ -93,9 +94,10 @@ struct Tier {
   }
 };
 
-// search: top-k rows take the bit search instead of the sort (cdf rows always sort).
+// Top-k rows take the bit search, cdf rows the sort.
 template <int NT, int IPT>
-__global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ SelectArgs a, bool search) {
+__global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ SelectArgs a) {
+  pdl_wait();  // the scores and sims of the launches before (a no-op without PDL)
   using T = Tier<NT, IPT>;
   extern __shared__ __align__(16) unsigned char smem[];
   typename T::Shared& sh = *reinterpret_cast<typename T::Shared*>(smem);
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
     // ---- 2./3. top-k by bit search (uniform branch), as select_by_search on one warp: the
     // n-th smallest w = key >> kIdxBits (~0u for the unrankable) bit by bit from block-wide
     // counts, then the ties at it in block order (blocked items: a block scan is in kb order).
-    if (!forced_row && r > 0 && search && a.rule.use_topk) {
+    if (!forced_row && r > 0 && a.rule.use_topk) {
       const auto want = static_cast<std::int64_t>(floor(static_cast<double>(a.rule.value[h]) * static_cast<double>(nv)));
       const int n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
       std::uint32_t w[IPT];
@@ -254,16 +256,8 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
   }
 }
 
-
 // ---- one warp per row, for rows of at most 32 * IPT key blocks --------------------------------
 constexpr int kRowWarps = 4;  // rows per CTA
-
-template <int IPT>
-struct WarpShared {
-  std::uint64_t key[kRowWarps][32 * IPT];
-  float e[kRowWarps][32 * IPT];
-  float top[kRowWarps];
-};
 
 // The warp's sum of one float per lane in a fixed xor tree: every lane ends with the same bits.
 __device__ __forceinline__ float warp_sum(float v) {
@@ -272,29 +266,134 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The rule of one row by bit search instead of ranks (kind = kSearch). Rankable key blocks carry
-// w = ~order_bits(S) (ascending w = descending S, finite scores never reach ~0u), the rest w = ~0u.
-// The strict total order of the CPU is (w, kb) ascending; every quantity below is a function of a
-// prefix of that order, so it is monotone in the prefix and its crossing point is found bit by bit
-// (32 steps over w, then, only when several blocks share the crossing w, log2(32 * IPT) steps
-// over kb), with no sort:
-//   top-k: the n-th smallest w by counting (`count(w <= X) >= n`), the blocks with smaller w, and
-//          the first n - count(w < w_n) blocks with w = w_n in block order (ballots);
+// How the warp finds the n-th smallest w of a top-k row (SPARGE_BLOCKMAP_SELECT, read per call):
+// the narrowed bit search (default) or the pivot search (opt-in). Both find the same value, so the
+// same blocks are kept.
+enum class TopK { kBits, kPivot };
+
+// The n-th smallest w of the warp's blocks (kBits): the search starts below the leading bits that
+// the smallest and the largest rankable w share (lo, hi: REDUX min / max), and it stops as soon as
+// the interval of w still possible holds a single block, whose w is then read directly. Invariant
+// before the step of bit b: the answer v lies in I = [prefix, prefix | (2^(b+1) - 1)],
+// below = count(w < prefix), upto = count(w <= max I) (all blocks of the warp, the unrankable ones
+// with w = ~0u included). The step halves I by the count at its middle; when upto - below == 1,
+// the one block in I is v. Exact ties never leave a single block in I, so rows with repeated
+// scores take all the bits below the first difference.
+template <int IPT>
+__device__ __forceinline__ std::uint32_t nth_by_bits(const std::uint32_t (&w)[IPT], int n, int r, std::uint32_t lo,
+                                                     std::uint32_t hi) {
+  if (lo == hi) return lo;  // every rankable block has this w
+  const int top = 31 - __clz(lo ^ hi);                            // the highest bit where they differ
+  const std::uint32_t span = top == 31 ? ~0u : (2u << top) - 1u;  // I = [prefix, prefix | span]
+  std::uint32_t prefix = lo & ~span;
+  int below = 0;                                     // no block has w < lo, so none is below prefix
+  int upto = (prefix | span) == ~0u ? 32 * IPT : r;  // blocks with w <= max I
+#pragma unroll 1
+  for (int b = top; b >= 0; --b) {
+    const std::uint32_t half = (1u << b) - 1u;
+    const std::uint32_t x = prefix | half;
+    unsigned c = 0;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
+    const int cnt = static_cast<int>(__reduce_add_sync(0xffffffffu, c));
+    if (cnt < n) {
+      prefix |= 1u << b;
+      below = cnt;
+    } else {
+      upto = cnt;
+    }
+    if (upto - below == 1 && b > 0) {  // one block left in [prefix, prefix | half]: it is v
+      std::uint32_t only = ~0u;
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) only = w[i] >= prefix && w[i] <= (prefix | half) ? w[i] : only;
+      return __reduce_min_sync(0xffffffffu, only);
+    }
+  }
+  return prefix;
+}
+
+// The n-th smallest w by pivots taken from the data (kPivot; 2026-11-30, session 5, not yet run on
+// a GPU). Invariant: v lies in [A, B] and cA = count(w < A) < n <= cB = count(w <= B); at the start
+// A = lo, B = hi, cA = 0, cB = r. A step picks a pivot p, the w of some block in [A, B], and counts
+// the blocks with w < p and with w <= p in one REDUX (two 16-bit fields: at most 32 * IPT <= 256
+// blocks each): if c_lt < n <= c_le, p is v; if c_le < n, A = p + 1; else B = p - 1 (p > A then,
+// as c_lt >= n > cA). Every step that does not end removes p's value from [A, B], so the loop ends.
+// The pivot is the smallest w at or above a guess g in [A, B] (the largest w in [A, g) if there is
+// none): g interpolates the rank n between cA and cB linearly in the score (the scores of A and B),
+// so a row of distinct scores ends in a few steps and a row of repeated scores as soon as a pivot
+// hits the value (the bit search has to take every bit below the first difference there); after
+// two steps in a row that did not halve the blocks in [A, B], g bisects [A, B] instead (which
+// bounds the steps of skewed rows). Every w in [lo, hi] decodes to a finite score.
+// Host emulation (2026-11-30, 184k random rows of up to 256 blocks, ties, +-0, skewed scales):
+// the same v and count(w < v) as a sort; mean 4.0 steps (max 18) against 16.9 for the bit search;
+// at the bench's rows (256 blocks, n = 102) 4.9 vs 14.4 (distinct scores), 3.2 vs 32 (each score
+// 8 times, as the bench's repeated input pattern gives).
+template <int IPT>
+__device__ __forceinline__ std::uint32_t nth_by_pivot(const std::uint32_t (&w)[IPT], int n, int r, std::uint32_t lo,
+                                                      std::uint32_t hi, int& below) {
+  static_assert(32 * IPT < (1 << 16), "two 16-bit counts per REDUX");
+  std::uint32_t A = lo, B = hi;
+  int cA = 0, cB = r;
+  int slow = 0;  // steps in a row that did not halve cB - cA
+#pragma unroll 1
+  while (true) {
+    std::uint32_t g = A + (B - A) / 2u;
+    if (slow < 2) {
+      // Any g in [A, B] is correct, so the fast division and the rounding do no harm; a guess
+      // outside [A, B] (rounding, or an overflowing difference of scores) becomes B.
+      const float frac = __fdividef(static_cast<float>(n - cA) - 0.5f, static_cast<float>(cB - cA));  // in (0, 1)
+      const float sa = from_order_bits(~A), sb = from_order_bits(~B);  // sa >= sb
+      const float gs = sa - frac * (sa - sb);
+      g = isfinite(gs) ? ~order_bits(gs) : B;
+      g = g < A || g > B ? B : g;
+    } else {
+      slow = 0;
+    }
+    std::uint32_t above = ~0u;
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) above = w[i] >= g && w[i] <= B && w[i] < above ? w[i] : above;
+    std::uint32_t p = __reduce_min_sync(0xffffffffu, above);
+    if (p == ~0u) {  // nothing in [g, B]: the largest w in [A, g) (one exists, as cA < n <= cB)
+      std::uint32_t under = 0;
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) under = w[i] >= A && w[i] < g && w[i] > under ? w[i] : under;
+      p = __reduce_max_sync(0xffffffffu, under);
+    }
+    unsigned packed = 0;  // (count(w <= p) << 16) | count(w < p) over the lane's blocks
+#pragma unroll
+    for (int i = 0; i < IPT; ++i) packed += (w[i] <= p ? 0x10000u : 0u) + (w[i] < p ? 1u : 0u);
+    packed = __reduce_add_sync(0xffffffffu, packed);
+    const int c_le = static_cast<int>(packed >> 16), c_lt = static_cast<int>(packed & 0xffffu);
+    if (c_lt < n && n <= c_le) {
+      below = c_lt;
+      return p;
+    }
+    const int before = cB - cA;
+    if (c_le < n) {
+      A = p + 1u;
+      cA = c_le;
+    } else {
+      B = p - 1u;
+      cB = c_lt;
+    }
+    slow = 2 * (cB - cA) > before ? slow + 1 : 0;
+  }
+}
+
+// The rule of one row by search instead of ranks. Rankable key blocks carry w = ~order_bits(S)
+// (ascending w = descending S, finite scores never reach ~0u), the rest w = ~0u. The strict total
+// order of the CPU is (w, kb) ascending; every quantity below is a function of a prefix of that
+// order, so it is monotone in the prefix and its crossing point is found by search (over w, then,
+// only when several blocks share the crossing w, over kb), with no sort:
+//   top-k: the n-th smallest w (nth_by_bits or nth_by_pivot), the blocks with smaller w, and the
+//          first n - count(w < w_n) blocks with w = w_n in block order (ballots);
 //   cdf:   G(prefix) = sum of exp(S - S_max) over the prefix, always added in the same fixed tree
 //          (each lane its IPT values in order, then warp_sum) with the blocks outside the prefix
-//          as zeros. Rounding to nearest is monotone, so G is monotone in the prefix and
-//          G(all) = z; the crossing block is the first whose prefix has G / z >= cdfthreshd.
+//          as zeros, bit by bit over w, then over kb. Rounding to nearest is monotone, so G is
+//          monotone in the prefix and G(all) = z; the crossing block is the first whose prefix
+//          has G / z >= cdfthreshd.
 // Returns, in keep, the selected blocks (or-ed into the forced ones).
-//
-// NARROW (select_row_kernel) finds the same n-th smallest w of top-k in fewer steps: the search
-// starts below the leading bits that the smallest and the largest rankable w share (their values
-// are known: REDUX min / max), and it stops as soon as the interval of w still possible holds a
-// single block, whose w is then read directly. Invariant before the step of bit b: the answer v
-// lies in I = [prefix, prefix | (2^(b+1) - 1)], below = count(w < prefix), upto = count(w <= max I)
-// (all blocks of the warp, the unrankable ones with w = ~0u included). The step halves I by the
-// count at its middle; when upto - below == 1, the one block in I is v. The answer is the same
-// value (the n-th smallest is unique), so the same blocks are kept.
-template <int IPT, bool NARROW = false>
+template <int IPT, TopK KIND>
 __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], const float (&sc)[IPT], int lane,
                                                  int r, int nv, bool use_topk, float value, bool (&keep)[IPT]) {
   constexpr int kIdxBits = log2_exact(32 * IPT);
@@ -308,64 +407,28 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
       for (int i = 0; i < IPT; ++i) keep[i] = keep[i] || w[i] != ~0u;
       return;
     }
-    // The n-th smallest w: bit b of it is 0 iff at least n blocks have w <= prefix | (2^b - 1).
-    std::uint32_t prefix = 0;
-    if constexpr (NARROW) {
-      std::uint32_t lo = ~0u, hi = 0;
+    std::uint32_t lo = ~0u, hi = 0;
 #pragma unroll
-      for (int i = 0; i < IPT; ++i) {
-        lo = w[i] < lo ? w[i] : lo;
-        const std::uint32_t v = w[i] != ~0u ? w[i] : 0u;
-        hi = v > hi ? v : hi;
-      }
-      lo = __reduce_min_sync(0xffffffffu, lo);  // the smallest rankable w (r > 0)
-      hi = __reduce_max_sync(0xffffffffu, hi);  // the largest rankable w (< ~0u)
-      if (lo == hi) {
-        prefix = lo;  // every rankable block has this w
-      } else {
-        const int top = 31 - __clz(lo ^ hi);                      // the highest bit where they differ
-        const std::uint32_t span = top == 31 ? ~0u : (2u << top) - 1u;  // I = [prefix, prefix | span]
-        prefix = lo & ~span;
-        int below = 0;                                  // no block has w < lo, so none is below prefix
-        int upto = (prefix | span) == ~0u ? 32 * IPT : r;  // blocks with w <= max I
-#pragma unroll 1
-        for (int b = top; b >= 0; --b) {
-          const std::uint32_t half = (1u << b) - 1u;
-          const std::uint32_t x = prefix | half;
-          unsigned c = 0;
-#pragma unroll
-          for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
-          const int cnt = static_cast<int>(__reduce_add_sync(0xffffffffu, c));
-          if (cnt < n) {
-            prefix |= 1u << b;
-            below = cnt;
-          } else {
-            upto = cnt;
-          }
-          if (upto - below == 1 && b > 0) {  // one block left in [prefix, prefix | half]: it is v
-            std::uint32_t only = ~0u;
-#pragma unroll
-            for (int i = 0; i < IPT; ++i) only = w[i] >= prefix && w[i] <= (prefix | half) ? w[i] : only;
-            prefix = __reduce_min_sync(0xffffffffu, only);
-            break;
-          }
-        }
-      }
-    } else {
-#pragma unroll 1
-      for (int b = 31; b >= 0; --b) {
-        const std::uint32_t x = prefix | ((1u << b) - 1u);
-        unsigned c = 0;
-#pragma unroll
-        for (int i = 0; i < IPT; ++i) c += w[i] <= x ? 1u : 0u;
-        if (static_cast<int>(__reduce_add_sync(0xffffffffu, c)) < n) prefix |= 1u << b;
-      }
+    for (int i = 0; i < IPT; ++i) {
+      lo = w[i] < lo ? w[i] : lo;
+      const std::uint32_t v = w[i] != ~0u ? w[i] : 0u;
+      hi = v > hi ? v : hi;
     }
-    cross_w = prefix;
-    unsigned below = 0;
+    lo = __reduce_min_sync(0xffffffffu, lo);  // the smallest rankable w (r > 0)
+    hi = __reduce_max_sync(0xffffffffu, hi);  // the largest rankable w (< ~0u)
+    int below = -1;
+    if constexpr (KIND == TopK::kPivot) {
+      cross_w = nth_by_pivot<IPT>(w, n, r, lo, hi, below);
+    } else {
+      cross_w = nth_by_bits<IPT>(w, n, r, lo, hi);
+    }
+    if (below < 0) {
+      unsigned c = 0;
 #pragma unroll
-    for (int i = 0; i < IPT; ++i) below += w[i] < cross_w ? 1u : 0u;
-    const int need = n - static_cast<int>(__reduce_add_sync(0xffffffffu, below));  // >= 1 blocks at cross_w
+      for (int i = 0; i < IPT; ++i) c += w[i] < cross_w ? 1u : 0u;
+      below = static_cast<int>(__reduce_add_sync(0xffffffffu, c));
+    }
+    const int need = n - below;  // >= 1 blocks at cross_w
     // The need-th block with w == cross_w in block order (kb = lane + 32 i ascends with (i, lane)).
     int taken = 0;
     cross_kb = -1;
@@ -435,70 +498,16 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
   }
 }
 
-// One row by bit search, the whole of steps 1-4 for a warp: raw[i] is the score of key block
-// kb = lane + 32 i (read only for kb < nv).
-template <int IPT>
-__device__ __forceinline__ void finish_row_search(const SelectArgs& a, std::int64_t si, std::int64_t h,
-                                                  std::int64_t qb, const Seq& seq, const float (&raw)[IPT], int lane) {
-  const Geometry& g = a.g;
-  const std::int64_t row = (si * g.hq + h) * g.nq + qb;
-  const int nv = static_cast<int>(visible_blocks(g, seq, qb));
-  const bool has_threshold = a.rule.has_threshold;
-  const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
-  const bool forced_row = has_threshold && nv > 0 && !(a.s.q_sim[row] > threshold);
-  const float* k_sim = a.s.k_sim + (si * g.hk + h / (g.hq / g.hk)) * g.nk;
-  float sc[IPT];
-  std::uint32_t wk[IPT];
-  bool keep[IPT];
-  int rankable = 0;
-#pragma unroll
-  for (int i = 0; i < IPT; ++i) {
-    const int kb = lane + 32 * i;
-    float s = -INFINITY;
-    bool forced_col = false;
-    if (kb < nv) {
-      // A visible K block that is not self-similar takes no part in the ranking and is kept.
-      forced_col = has_threshold && !(k_sim[kb] > threshold);
-      s = forced_col ? -INFINITY : raw[i];
-    }
-    const bool rank_me = kb < nv && isfinite(s);
-    sc[i] = s;
-    wk[i] = rank_me ? ~order_bits(s) : ~0u;
-    keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
-    rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
-    if (a.maybe_scores.data != nullptr && kb < g.nk) {
-      const Out<float>& o = a.maybe_scores;
-      o.data[si * o.stride[0] + h * o.stride[1] + qb * o.stride[2] + kb * o.stride[3]] = s;
-    }
-  }
-  if (!forced_row && rankable > 0) {  // uniform over the warp
-    select_by_search<IPT>(wk, sc, lane, rankable, nv, a.rule.use_topk, a.rule.value[h], keep);
-  }
-  // The LUT row: kept blocks ascending (ballots in block order), then -1.
-  const Out<std::int32_t>& lut = a.lut;
-  std::int32_t* lut_row = lut.data + si * lut.stride[0] + h * lut.stride[1] + qb * lut.stride[2];
-  const unsigned lanes_below = (1u << lane) - 1u;
-  int count = 0;
-#pragma unroll
-  for (int i = 0; i < IPT; ++i) {
-    const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
-    if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
-    count += __popc(bal);
-  }
-  for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
-  if (lane == 0) a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
-}
-
-// ---- one warp per row, every load of the row first (WarpKind::kLoadFirst, the default) --------
-// The same rule and the same arithmetic as finish_row_search (select_by_search, so the same bits),
-// but the row's global loads (scores, k_sim, q_sim) are all issued before anything else: in
-// finish_row_search the optional maybe_scores store sits between the k_sim loads, and since the
-// two may alias, each k_sim load waited for the one before (8 serial L2 round trips per row).
-// The row index is decoded with 32-bit divisions when the row count allows.
-// MINB: CTAs per SM the registers are capped for (1: no cap; 12 with SPARGE_BLOCKMAP_SELECT=load1st12,
-// 40 registers: 48 rows in flight per SM instead of 28 at the 72 registers of IPT 8).
-template <int IPT, int MINB = 1>
-__global__ void __launch_bounds__(32 * kRowWarps, MINB) select_row_kernel(const __grid_constant__ SelectArgs a, bool small) {
+// One warp per row (rows of at most 32 * IPT key blocks; the default since 2026-11-30, session 5:
+// 0.0300 ms against 0.0314 for the kernel it replaced, which interleaved the row's loads with its
+// work, bits equal on all 290 block-map cases). Lane l holds key blocks l, l + 32, ...; the row's
+// global loads (scores, k_sim, q_sim) are all issued before anything else (an optional
+// maybe_scores store between k_sim loads would make each load wait for the one before, as the two
+// may alias), then select_by_search, then the LUT row from ballots. No block barriers, 4 rows per
+// 128-thread CTA. The row index is decoded with 32-bit divisions when the row count allows.
+template <int IPT, TopK KIND>
+__global__ void __launch_bounds__(32 * kRowWarps) select_row_kernel(const __grid_constant__ SelectArgs a, bool small) {
+  pdl_wait();  // the scores and sims of the launches before (a no-op without PDL)
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
   const std::int64_t total = g.nseq * g.hq * g.nq;
@@ -532,7 +541,8 @@ __global__ void __launch_bounds__(32 * kRowWarps, MINB) select_row_kernel(const 
     const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
     const float value = a.rule.value[h];
 
-    // ---- items (as finish_row_search) -------------------------------------------------------------
+    // ---- items --------------------------------------------------------------------------------
+    // A Q block that is not self-similar keeps its whole visible row.
     const bool forced_row = has_threshold && nv > 0 && !(q_sim > threshold);
     float sc[IPT];
     std::uint32_t wk[IPT];
@@ -551,7 +561,7 @@ __global__ void __launch_bounds__(32 * kRowWarps, MINB) select_row_kernel(const 
       rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
     }
     if (!forced_row && rankable > 0) {  // uniform over the warp
-      select_by_search<IPT, true>(wk, sc, lane, rankable, nv, a.rule.use_topk, value, keep);
+      select_by_search<IPT, KIND>(wk, sc, lane, rankable, nv, a.rule.use_topk, value, keep);
     }
     // ---- stores: the diagnostic scores, the LUT row (kept blocks ascending, then -1), the count --
     if (a.maybe_scores.data != nullptr) {
@@ -577,182 +587,27 @@ __global__ void __launch_bounds__(32 * kRowWarps, MINB) select_row_kernel(const 
   }
 }
 
-// kind: kCount = ranks by counting smaller keys (O(NK^2 / 32) per warp); kSearch = the bit search
-// above (O(32 NK / 32) per warp). Both select the same blocks for top-k; for cdf they add the
-// probabilities in different fp32 orders (both within rounding of the CPU's fp64).
-// kLoadFirst: the bit search of kSearch with the row's loads first (select_row_kernel); same bits.
-enum class WarpKind { kCount, kSearch, kLoadFirst, kLoadFirst12 };
-
-template <int IPT, WarpKind KIND>
-__global__ void __launch_bounds__(32 * kRowWarps) select_warp_kernel(const __grid_constant__ SelectArgs a) {
-  constexpr std::uint64_t kNone = ~std::uint64_t{0};
-  __shared__ WarpShared<KIND == WarpKind::kCount ? IPT : 1> sh;
-  const Geometry& g = a.g;
-  const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
-  std::uint64_t* keys = sh.key[wid];
-  const std::int64_t total = g.nseq * g.hq * g.nq;
-  const std::int64_t group = g.hq / g.hk;
-  const bool has_threshold = a.rule.has_threshold;
-  const unsigned lanes_below = (1u << lane) - 1u;
-
-  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + wid; row < total;
-       row += static_cast<std::int64_t>(gridDim.x) * kRowWarps) {
-    const std::int64_t qb = row % g.nq, h = (row / g.nq) % g.hq, si = row / (g.nq * g.hq);
-    const Seq seq = sequence(g, si);
-    const int nv = static_cast<int>(visible_blocks(g, seq, qb));
-    const float* scores = a.s.scores + row * g.nk;
-    if constexpr (KIND == WarpKind::kSearch) {
-      float raw[IPT];
-#pragma unroll
-      for (int i = 0; i < IPT; ++i) raw[i] = lane + 32 * i < nv ? scores[lane + 32 * i] : 0.0f;
-      finish_row_search<IPT>(a, si, h, qb, seq, raw, lane);
-    } else {
-      const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
-      const bool forced_row = has_threshold && nv > 0 && !(a.s.q_sim[row] > threshold);
-      const float* k_sim = a.s.k_sim + (si * g.hk + h / group) * g.nk;
-
-      // ---- 1. items: key = (~order_bits(S) << 32) | kb, ascending = the CPU's order ------------
-      float sc[IPT];
-      std::uint64_t key[IPT];
-      std::uint32_t wk[IPT];
-      bool keep[IPT];
-      int rankable = 0;
-#pragma unroll
-      for (int i = 0; i < IPT; ++i) {
-        const int kb = lane + 32 * i;
-        float s = -INFINITY;
-        bool forced_col = false;
-        if (kb < nv) {
-          forced_col = has_threshold && !(k_sim[kb] > threshold);
-          s = forced_col ? -INFINITY : scores[kb];
-        }
-        const bool rank_me = kb < nv && isfinite(s);
-        sc[i] = s;
-        wk[i] = rank_me ? ~order_bits(s) : ~0u;
-        key[i] = rank_me ? (static_cast<std::uint64_t>(wk[i]) << 32) | static_cast<std::uint64_t>(kb) : kNone;
-        keys[kb] = key[i];
-        keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
-        rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
-        if (a.maybe_scores.data != nullptr && kb < g.nk) {
-          const Out<float>& o = a.maybe_scores;
-          o.data[si * o.stride[0] + h * o.stride[1] + qb * o.stride[2] + kb * o.stride[3]] = s;
-        }
-      }
-      __syncwarp();
-      const int r = rankable;  // the same in every lane
-
-      // ---- 2./3. the rule (uniform over the warp) ----------------------------------------------
-      if (!forced_row && r > 0) {
-        const float value = a.rule.value[h];
-        {
-          int rank[IPT] = {};
-          // Keys past nv are kNone and never smaller than a rankable key.
-          for (int j = 0; j < nv; ++j) {
-            const std::uint64_t kj = keys[j];
-#pragma unroll
-            for (int i = 0; i < IPT; ++i) rank[i] += kj < key[i] ? 1 : 0;
-          }
-          int n;
-          if (a.rule.use_topk) {
-            const auto want = static_cast<std::int64_t>(floor(static_cast<double>(value) * static_cast<double>(nv)));
-            n = static_cast<int>(want < 1 ? 1 : (want < r ? want : r));
-          } else {
-            float* e = sh.e[wid];
-#pragma unroll
-            for (int i = 0; i < IPT; ++i) {
-              if (key[i] != kNone && rank[i] == 0) sh.top[wid] = sc[i];
-            }
-            __syncwarp();
-            const float top = sh.top[wid];
-#pragma unroll
-            for (int i = 0; i < IPT; ++i) {
-              if (key[i] != kNone) e[rank[i]] = expf(sc[i] - top);
-            }
-            __syncwarp();
-            // Inclusive sum in rank order: lane l holds ranks l*IPT .. l*IPT+IPT-1.
-            float cum[IPT], local = 0.0f;
-#pragma unroll
-            for (int t = 0; t < IPT; ++t) {
-              local += lane * IPT + t < r ? e[lane * IPT + t] : 0.0f;
-              cum[t] = local;
-            }
-            float incl = local;
-#pragma unroll
-            for (int x = 1; x < 32; x <<= 1) {
-              const float y = __shfl_up_sync(0xffffffffu, incl, x);
-              if (lane >= x) incl += y;
-            }
-            const float before = __shfl_up_sync(0xffffffffu, incl, 1);
-            const float z = __shfl_sync(0xffffffffu, incl, 31);
-            int cross = INT_MAX;
-#pragma unroll
-            for (int t = 0; t < IPT; ++t) {
-              const int rk = lane * IPT + t;
-              const float c = lane > 0 ? before + cum[t] : cum[t];
-              if (cross == INT_MAX && rk < r && c / z >= value) cross = rk;
-            }
-            cross = __reduce_min_sync(0xffffffffu, cross);
-            n = cross == INT_MAX ? r : cross + 1;
-          }
-#pragma unroll
-          for (int i = 0; i < IPT; ++i) {
-            if (key[i] != kNone && rank[i] < n) keep[i] = true;
-          }
-        }
-      }
-
-      // ---- 4. the LUT row: kept blocks ascending (ballots in block order), then -1 ---------------
-      const Out<std::int32_t>& lut = a.lut;
-      std::int32_t* lut_row = lut.data + si * lut.stride[0] + h * lut.stride[1] + qb * lut.stride[2];
-      int count = 0;
-#pragma unroll
-      for (int i = 0; i < IPT; ++i) {
-        const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
-        if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
-        count += __popc(bal);
-      }
-      for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
-      if (lane == 0) {
-        a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
-      }
-      __syncwarp();  // keys / e / top are rewritten for the next row
-    }
-  }
+// SPARGE_BLOCKMAP_SELECT (read per call; every value gives the same bits): unset or `bits`, the
+// narrowed bit search of nth_by_bits; `pivot`, nth_by_pivot (opt-in until a device round verifies
+// and times it). Rows longer than 256 key blocks take the CTA kernel either way.
+TopK topk_kind() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
+  return v != nullptr && std::strcmp(v, "pivot") == 0 ? TopK::kPivot : TopK::kBits;
 }
 
 template <int IPT>
-cudaError_t launch_warp(const SelectArgs& a, WarpKind kind, cudaStream_t st) {
+cudaError_t launch_warp(const SelectArgs& a, cudaStream_t st) {
   const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
   if (rows == 0) return cudaSuccess;
   const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
   const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
-  if (kind == WarpKind::kCount) {
-    select_warp_kernel<IPT, WarpKind::kCount><<<grid, 32 * kRowWarps, 0, st>>>(a);
-  } else if (kind == WarpKind::kLoadFirst) {
-    select_row_kernel<IPT><<<grid, 32 * kRowWarps, 0, st>>>(a, rows < (std::int64_t{1} << 31));
-  } else if (kind == WarpKind::kLoadFirst12) {
-    select_row_kernel<IPT, 12><<<grid, 32 * kRowWarps, 0, st>>>(a, rows < (std::int64_t{1} << 31));
-  } else {
-    select_warp_kernel<IPT, WarpKind::kSearch><<<grid, 32 * kRowWarps, 0, st>>>(a);
+  const bool small = rows < (std::int64_t{1} << 31);
+  const bool pdl = pdl_enabled();
+  if (topk_kind() == TopK::kPivot) {
+    return launch_kernel(select_row_kernel<IPT, TopK::kPivot>, grid, 32 * kRowWarps, 0, st, pdl, a, small);
   }
-  return cudaGetLastError();
+  return launch_kernel(select_row_kernel<IPT, TopK::kBits>, grid, 32 * kRowWarps, 0, st, pdl, a, small);
 }
-
-// SPARGE_BLOCKMAP_SELECT=count (read per call) picks the previous selections, for timing
-// comparisons: counting ranks for rows of at most 256 key blocks, the sort for top-k rows beyond.
-// The default is the bit search.
-// Unset or SPARGE_BLOCKMAP_SELECT=search runs the warp bit search of 2026-11-30 (finish_row_search,
-// loads between the items' work; the H200-verified default); `load1st`, select_row_kernel (the same
-// bits; session 4, not yet run on a GPU: opt-in until a device round verifies and times it);
-// `load1st12`, the same kernel capped at 40 registers (same bits).
-WarpKind warp_kind() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_SELECT");
-  if (v != nullptr && std::strcmp(v, "count") == 0) return WarpKind::kCount;
-  if (v != nullptr && std::strcmp(v, "load1st") == 0) return WarpKind::kLoadFirst;
-  if (v != nullptr && std::strcmp(v, "load1st12") == 0) return WarpKind::kLoadFirst12;
-  return WarpKind::kSearch;
-}
-bool cta_search() { return warp_kind() != WarpKind::kCount; }
 
 template <int NT, int IPT>
 std::size_t smem_bytes() {
@@ -770,16 +625,14 @@ cudaError_t launch(const SelectArgs& a, cudaStream_t st) {
     if (e != cudaSuccess) return e;
   }
   const int grid = static_cast<int>(rows < kMaxGrid ? rows : kMaxGrid);
-  select_kernel<NT, IPT><<<grid, NT, bytes, st>>>(a, cta_search());
-  return cudaGetLastError();
+  return launch_kernel(select_kernel<NT, IPT>, grid, NT, bytes, st, pdl_enabled(), a);
 }
 
 }  // namespace
 
 // Tiers by row length. The capacity changes speed only: keys are unique and the order is total.
 std::size_t select_smem_bytes(std::int64_t nk) {
-  if (nk <= 128) return sizeof(WarpShared<4>);
-  if (nk <= 256) return sizeof(WarpShared<8>);
+  if (nk <= 256) return 0;  // the warp kernel uses no shared memory
   if (nk <= 1024) return smem_bytes<256, 4>();
   if (nk <= 2048) return smem_bytes<256, 8>();
   if (nk <= 4096) return smem_bytes<512, 8>();
@@ -789,20 +642,15 @@ std::size_t select_smem_bytes(std::int64_t nk) {
 }
 
 const char* select_variant(std::int64_t nk) {
-  if (nk <= 256) {
-    const WarpKind k = warp_kind();
-    if (k == WarpKind::kCount) return "warp-count";
-    if (k == WarpKind::kSearch) return "warp-search";
-    return k == WarpKind::kLoadFirst12 ? "warp-load1st12" : "warp-load1st";
-  }
-  return cta_search() ? "cta-search (top-k; cdf sorts)" : "cta-sort";
+  if (nk <= 256) return topk_kind() == TopK::kPivot ? "warp-pivot" : "warp-bits";
+  return "cta-search (top-k; cdf sorts)";
 }
 
 cudaError_t launch_select(const Geometry& g, const SelectRule& rule, const Scratch& s, const Out<std::int32_t>& lut,
                           const Out<std::int32_t>& counts, const Out<float>& maybe_scores, cudaStream_t st) {
   const SelectArgs a{g, rule, s, lut, counts, maybe_scores};
-  if (g.nk <= 128) return launch_warp<4>(a, warp_kind(), st);
-  if (g.nk <= 256) return launch_warp<8>(a, warp_kind(), st);
+  if (g.nk <= 128) return launch_warp<4>(a, st);
+  if (g.nk <= 256) return launch_warp<8>(a, st);
   if (g.nk <= 1024) return launch<256, 4>(a, st);
   if (g.nk <= 2048) return launch<256, 8>(a, st);
   if (g.nk <= 4096) return launch<512, 8>(a, st);
