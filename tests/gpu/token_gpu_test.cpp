@@ -714,6 +714,8 @@ struct PathConfig {
   const char* ws_stages = nullptr;
   const char* ws_arrive = nullptr;
   const char* ws_pingpong = nullptr;
+  const char* prefetch = nullptr;  // SPARGE_GATHER_PREFETCH
+  const char* l2pf = nullptr;      // SPARGE_GATHER_L2PF
 };
 // Sets a PathConfig's variables for its lifetime.
 class PathEnv {
@@ -723,10 +725,29 @@ class PathEnv {
         wg_("SPARGE_GATHER_WS_WG", c.ws_wg),
         stages_("SPARGE_GATHER_WS_STAGES", c.ws_stages),
         arrive_("SPARGE_GATHER_WS_ARRIVE", c.ws_arrive),
-        pingpong_("SPARGE_GATHER_WS_PINGPONG", c.ws_pingpong) {}
+        pingpong_("SPARGE_GATHER_WS_PINGPONG", c.ws_pingpong),
+        prefetch_("SPARGE_GATHER_PREFETCH", c.prefetch),
+        l2pf_("SPARGE_GATHER_L2PF", c.l2pf) {}
 
  private:
-  ScopedEnv path_, wg_, stages_, arrive_, pingpong_;
+  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_;
+};
+// SPARGE_GATHER_PREFETCH=1 (keys and mask words through shared memory, added 2026-11-30 session 5,
+// not run on a GPU when added), each with the path it must equal bit for bit (same keys, masks
+// and arithmetic): the wgmma kernels (BM 64 with 2 stages, BM 64 / 128 with 3) and the ws
+// kernel's noinc producer (its defaults, one consumer warpgroup, the smallest ring).
+struct PrefetchPair {
+  PathConfig with, without;
+};
+const PrefetchPair kPrefetchPaths[] = {
+    {{"wgmma64 prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma64", "wgmma64"}},
+    {{"wgmma prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma", "wgmma"}},
+    {{"ws prefetch", "ws", nullptr, nullptr, nullptr, nullptr, "1"}, {"ws stages=5", "ws", nullptr, "5"}},
+    {{"ws wg=1 prefetch", "ws", "1", nullptr, nullptr, nullptr, "1"}, {"ws wg=1 stages=2", "ws", "1", "2"}},
+    {{"ws stages=2 prefetch", "ws", nullptr, "2", nullptr, nullptr, "1"}, {"ws stages=2", "ws", nullptr, "2"}},
+    // SPARGE_GATHER_L2PF=256: the .L2::256B hint on the K/V gathers (a hint: same bits).
+    {{"wgmma64 prefetch L2::256B", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1", "256"}, {"wgmma64", "wgmma64"}},
+    {{"wgmma prefetch L2::256B", "wgmma", nullptr, nullptr, nullptr, nullptr, "1", "256"}, {"wgmma", "wgmma"}},
 };
 // The warp-specialized kernel's variants (not run on a GPU when they were added): its defaults
 // (BM 128 for groups of more than 64 rows, BM 64 otherwise; the most stages that fit; noinc
@@ -792,6 +813,18 @@ void gather_case(const GCase& c, const std::string& name, Layout layout) {
       const GOut up = l.run(Backend::cuda, true, ur);
       check_gather(up, o_ref, lse_ref, lowp_err, what + " path=" + pc.label);
       vs_expanded(up, true, ur, what + " path=" + pc.label);
+    }
+    // Prefetch: against the oracle and bitwise against the same path without it.
+    for (const PrefetchPair& pp : kPrefetchPaths) {
+      GOut base;
+      {
+        PathEnv e0(pp.without);
+        base = l.run(Backend::cuda, true, ur);
+      }
+      PathEnv e0(pp.with);
+      const GOut up = l.run(Backend::cuda, true, ur);
+      check_gather(up, o_ref, lse_ref, lowp_err, what + " path=" + pp.with.label);
+      gather_kv::expect_bitwise(base, up, what + " path=" + pp.with.label + " vs " + pp.without.label);
     }
     // The union kernel's variants: bitwise the default's output (same unions, same masks).
     for (const char* variant : kUnionVariants)
@@ -1104,6 +1137,7 @@ std::vector<PathConfig> all_paths() {
   std::vector<PathConfig> v = {{"default", nullptr}, {"mma", "mma"},         {"mma64", "mma64"},    {"mma128", "mma128"},
                                {"wgmma", "wgmma"},  {"wgmma256", "wgmma256"}, {"wgmma64", "wgmma64"}};
   v.insert(v.end(), std::begin(kWsPaths), std::end(kWsPaths));
+  for (const PrefetchPair& pp : kPrefetchPaths) v.push_back(pp.with);
   return v;
 }
 
@@ -1163,6 +1197,19 @@ SPARGE_CASES(GatherGpuLong) {
                                                  " overlap=" + (k.overlap ? k.overlap : "off") + " variant=" + (k.variant ? k.variant : "5");
                          check_gather(run_gather(g, Backend::cuda, true, 64), o_ref, lse_ref, lowp_err, tag + " ur=64");
                          check_gather(run_gather(g, Backend::cuda, true, 7), o_ref, lse_ref, lowp_err, tag + " ur=7");
+                       }
+                       // Prefetch paths bitwise equal to the same path without prefetch.
+                       for (const PrefetchPair& pp : kPrefetchPaths) {
+                         for (int ur : {64, 7}) {
+                           GOut base;
+                           {
+                             PathEnv env(pp.without);
+                             base = run_gather(g, Backend::cuda, true, ur);
+                           }
+                           PathEnv env(pp.with);
+                           gather_kv::expect_bitwise(base, run_gather(g, Backend::cuda, true, ur),
+                                                     std::string(pp.with.label) + " vs " + pp.without.label + " ur=" + std::to_string(ur));
+                         }
                        }
                      }});
   }
@@ -1498,6 +1545,147 @@ SPARGE_CASES(GatherGpuKv) {
                                    v.union_variant ? v.union_variant : "5", med,
                                    ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, sum_union / sum_lists, diff);
                        EXPECT_LE(diff, 2e-2);
+                     }
+                   }});
+}
+
+// PERF.md's gather shape, both list layouts, the paths of session 5's attention work next to the
+// default: each row prints the median time, TFLOPS on attended keys, max |O - O(default)| and
+// whether the output is bitwise the default's, then a [gather profile] line (union / attention
+// split). SPARGE_TEST_GATHER_FAST = comma-separated labels restricts the rows (all when unset).
+SPARGE_CASES(GatherGpuFastPerf) {
+  cases.push_back({"GATHER_GPU_FAST_PERF(b=1,hq=32,hk=8,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
+                     const GProblem g = make_gather(c, "GATHER_GPU_KV_PERF");
+                     const gather_kv::KvLists kv = gather_kv::kv_lists(g);
+                     DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2), o(g.q.size() * 2);
+                     dq.upload(to_bytes(g.q, c.t));
+                     dk.upload(to_bytes(g.k, c.t));
+                     dv.upload(to_bytes(g.v, c.t));
+                     DeviceGuarded<std::int32_t> di(kv.expanded.idx.size()), dc(kv.expanded.counts.size()), dik(kv.idx.size()), dck(kv.counts.size());
+                     di.upload(kv.expanded.idx);
+                     dc.upload(kv.expanded.counts);
+                     dik.upload(kv.idx);
+                     dck.upload(kv.counts);
+                     GatherAttentionParams p;
+                     p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
+                     p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
+                     p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
+                     p.o = make_tensor(o.data(), c.t, {c.b, c.sq, c.hq, c.d});
+                     p.exec = gpu_exec();
+                     p.group_union = true;
+                     p.union_rows = 64;
+                     const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
+                     const char* only = std::getenv("SPARGE_TEST_GATHER_FAST");
+                     const std::string filter = only != nullptr ? std::string(",") + only + "," : "";
+                     std::vector<PathConfig> paths = {{"default", nullptr}, {"ws", "ws"}};
+                     for (const PrefetchPair& pp : kPrefetchPaths) paths.push_back(pp.with);
+                     paths.push_back({"ws stages=3 prefetch", "ws", nullptr, "3", nullptr, nullptr, "1"});
+                     paths.push_back({"ws pingpong=0 prefetch", "ws", nullptr, nullptr, nullptr, "0", "1"});
+                     // The union kernel's cluster size (SPARGE_GATHER_UNION_CTAS) under the default
+                     // attention: labels "union_ctas=N".
+                     paths.push_back({"union_ctas=2", nullptr});
+                     paths.push_back({"union_ctas=8", nullptr});
+                     for (const char* layout : {"kv", "q"}) {
+                       const bool kvl = std::strcmp(layout, "kv") == 0;
+                       p.indices = kvl ? make_tensor(dik.data(), DType::i32, {c.b, c.hk, c.sq, c.n_max})
+                                       : make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
+                       p.counts = kvl ? make_tensor(dck.data(), DType::i32, {c.b, c.hk, c.sq}) : make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+                       std::vector<unsigned char> ref;
+                       for (const PathConfig& pc : paths) {
+                         if (!filter.empty() && filter.find(std::string(",") + pc.label + ",") == std::string::npos && std::strcmp(pc.label, "default") != 0) continue;
+                         PathEnv env(pc);
+                         ScopedEnv uctas("SPARGE_GATHER_UNION_CTAS", std::strncmp(pc.label, "union_ctas=", 11) == 0 ? pc.label + 11 : nullptr);
+                         cudaEvent_t e0, e1v;
+                         SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
+                         SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
+                         std::vector<float> ms;
+                         for (int it = 0; it < 23; ++it) {
+                           SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+                           ASSERT_TRUE(gather_attention(p).ok());
+                           SPARGE_CUDA_CHECK(cudaEventRecord(e1v));
+                           SPARGE_CUDA_CHECK(cudaEventSynchronize(e1v));
+                           float x = 0;
+                           SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1v));
+                           if (it >= 3) ms.push_back(x);
+                         }
+                         cudaEventDestroy(e0);
+                         cudaEventDestroy(e1v);
+                         std::sort(ms.begin(), ms.end());
+                         const double med = ms[ms.size() / 2];
+                         {
+                           ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
+                           ASSERT_TRUE(gather_attention(p).ok());
+                         }
+                         SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+                         const std::vector<unsigned char> out = o.download();
+                         if (ref.empty()) ref = out;
+                         double diff = 0;
+                         for (size_t i = 0; i + 1 < out.size(); i += 2) {
+                           diff = std::max(diff, static_cast<double>(std::abs(load_as_float(out.data(), c.t, static_cast<std::int64_t>(i / 2)) -
+                                                                            load_as_float(ref.data(), c.t, static_cast<std::int64_t>(i / 2)))));
+                         }
+                         const bool same = out == ref;
+                         std::printf("[perf fast] gather hd128 keys=2048 lists=%s path=%s: median %.3f ms (min %.3f max %.3f), %.1f TFLOPS on attended keys; "
+                                     "max |O - O(default)| = %.2e%s\n",
+                                     kvl ? "per-kv-head" : "per-q-head", pc.label, med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, diff,
+                                     same ? " (bitwise)" : "");
+                         std::fflush(stdout);
+                         EXPECT_LE(diff, 2e-2) << pc.label;
+                       }
+                     }
+                     // Diagnostic: the same FLOPs and union sizes, but every group's union is a
+                     // contiguous window of 2048 keys (random start per group; kv-head lists):
+                     // attention time near the random lists' says the scattered K/V rows are not
+                     // what bounds it. Outputs are checked against the default path only.
+                     std::vector<std::int32_t> widx(kv.idx.size()), wcnt(kv.counts.size(), 2048);
+                     {
+                       auto rng = rng_for("GATHER_GPU_FAST_PERF_window");
+                       std::uniform_int_distribution<std::int32_t> start(0, static_cast<std::int32_t>(c.sk - 2048));
+                       for (std::int64_t hk = 0; hk < c.hk; ++hk)
+                         for (std::int64_t i0 = 0; i0 < c.sq; i0 += 64) {
+                           const std::int32_t w0 = start(rng);
+                           for (std::int64_t i = i0; i < i0 + 64; ++i)
+                             for (int t = 0; t < 2048; ++t) widx[static_cast<size_t>((hk * c.sq + i) * c.n_max + t)] = w0 + t;
+                         }
+                     }
+                     DeviceGuarded<std::int32_t> dwi(widx.size()), dwc(wcnt.size());
+                     dwi.upload(widx);
+                     dwc.upload(wcnt);
+                     p.indices = make_tensor(dwi.data(), DType::i32, {c.b, c.hk, c.sq, c.n_max});
+                     p.counts = make_tensor(dwc.data(), DType::i32, {c.b, c.hk, c.sq});
+                     std::vector<unsigned char> wref;
+                     for (const PathConfig& pc : {PathConfig{"default", nullptr}, PathConfig{"wgmma64 prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1"},
+                                                  PathConfig{"wgmma64 prefetch L2::256B", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1", "256"},
+                                                  PathConfig{"ws", "ws"}, PathConfig{"ws prefetch", "ws", nullptr, nullptr, nullptr, nullptr, "1"}}) {
+                       PathEnv env(pc);
+                       std::vector<float> ms;
+                       cudaEvent_t e0, e1v;
+                       SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
+                       SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
+                       for (int it = 0; it < 13; ++it) {
+                         SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+                         ASSERT_TRUE(gather_attention(p).ok());
+                         SPARGE_CUDA_CHECK(cudaEventRecord(e1v));
+                         SPARGE_CUDA_CHECK(cudaEventSynchronize(e1v));
+                         float x = 0;
+                         SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1v));
+                         if (it >= 3) ms.push_back(x);
+                       }
+                       cudaEventDestroy(e0);
+                       cudaEventDestroy(e1v);
+                       std::sort(ms.begin(), ms.end());
+                       {
+                         ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
+                         ASSERT_TRUE(gather_attention(p).ok());
+                       }
+                       SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+                       const std::vector<unsigned char> out = o.download();
+                       if (wref.empty()) wref = out;
+                       std::printf("[perf fast] gather hd128 keys=2048 lists=per-kv-head contiguous-window path=%s: median %.3f ms, %.1f TFLOPS on attended keys%s\n",
+                                   pc.label, ms[ms.size() / 2], flops / (ms[ms.size() / 2] * 1e-3) / 1e12, out == wref ? " (bitwise)" : " (DIFFERS from default)");
+                       std::fflush(stdout);
                      }
                    }});
 }

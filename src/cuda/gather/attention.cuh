@@ -53,6 +53,10 @@ struct AttnArgs {
   int ws_stages = 0;        // K/V stages of the ring (2 .. kWsMaxStages, within the shared memory)
   int ws_arrive_wait = 0;   // 1: producer threads wait for their copies, fence, then arrive (else noinc)
   int ws_pingpong = 1;      // two consumer warpgroups take turns issuing their wgmmas
+  int ws_prefetch = 0;      // 1: union keys and mask words through shared memory (noinc mode only)
+  // The prefetching wgmma kernels only (SPARGE_GATHER_L2PF=256): K/V gathers carry the .L2::256B
+  // prefetch-size hint (a 256-byte row at hd128 is fetched from DRAM as one unit).
+  int l2_256 = 0;
 };
 
 template <class T>
@@ -101,6 +105,12 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+// cp_async16 with the .L2::256B prefetch-size hint (the L2 may fetch the whole aligned 256-byte
+// block around the source).
+__device__ __forceinline__ void cp_async16_l2_256(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }

@@ -26,15 +26,21 @@ namespace sparge::cuda::gather {
 // ST = K/V buffers: ST - 1 steps in flight while one computes (3 by default; 2 halves the K/V
 // shared memory so that two 64-row CTAs share an SM at hd128 and, not being in lockstep, overlap
 // one CTA's softmax with the other's MMAs).
-template <int WG, int ST = 3>
+// PF (SPARGE_GATHER_PREFETCH=1, see "Prefetch" below): the union keys and the rows' mask words
+// travel through shared memory with cp.async, ahead of the steps that use them.
+template <int WG, int ST = 3, bool PF = false>
 struct WgShape {
   static_assert(ST == 2 || ST == 3, "2 or 3 K/V stages");
   static constexpr int kThreads = WG * 128;
   static constexpr int kBM = WG * 64;
   static constexpr int kStages = ST;
+  // Prefetch: a ring of kKeyRing steps of union keys (64 ints each) and, per K/V stage, the BM
+  // rows' mask words of that stage's step.
+  static constexpr int kKeyRing = 8;
+  static constexpr int pf_bytes() { return PF ? kKeyRing * kBN * 4 + kStages * kBM * 8 : 0; }
   // Q (BM rows) + kStages x (K and V, 64 rows each), all rows D * 2 bytes; + 1 KB to align the
-  // base to the 1024-byte swizzle atom.
-  static constexpr int smem_bytes(int d) { return (kBM + kStages * 2 * kBN) * d * 2 + 1024; }
+  // base to the 1024-byte swizzle atom; + the prefetch rings after the tiles.
+  static constexpr int smem_bytes(int d) { return (kBM + kStages * 2 * kBN) * d * 2 + 1024 + pf_bytes(); }
 };
 
 // Byte offset of (row r < 64, 16-byte chunk c) in a 64-row tile of D columns: D / 64 slabs of
@@ -75,7 +81,9 @@ __device__ __forceinline__ void load_q_sw(const AttnArgs& a, const GroupPos& gp,
   }
 }
 
-template <class T, int D, int kThreads>
+// `keys`: the group's union in global memory (indexed by union position), or with kSmemKeys the
+// 64 keys of step blk in a shared-memory ring slot (indexed by position within the step).
+template <class T, int D, int kThreads, bool kSmemKeys = false>
 __device__ __forceinline__ void load_kv_sw(const AttnArgs& a, const GroupPos& gp, const std::int32_t* keys, int U,
                                            int blk, unsigned char* sk, unsigned char* sv) {
   constexpr int kChunks = D / 8;
@@ -87,20 +95,70 @@ __device__ __forceinline__ void load_kv_sw(const AttnArgs& a, const GroupPos& gp
     const int row = idx / kChunks, chunk = idx % kChunks;
     const int u = blk * kBN + row;
     const bool valid = u < U;
-    const std::int64_t j = valid ? keys[u] : 0;
+    const std::int64_t j = valid ? keys[kSmemKeys ? row : u] : 0;
     const std::uint32_t off = sw128(row, chunk);
-    cp_async16(sk + off, kb + j * a.k1 + chunk * 8, valid);
-    cp_async16(sv + off, vb + j * a.v1 + chunk * 8, valid);
+    if (kSmemKeys && a.l2_256 != 0) {  // the prefetching kernels only (SPARGE_GATHER_L2PF)
+      cp_async16_l2_256(sk + off, kb + j * a.k1 + chunk * 8, valid);
+      cp_async16_l2_256(sv + off, vb + j * a.v1 + chunk * 8, valid);
+    } else {
+      cp_async16(sk + off, kb + j * a.k1 + chunk * 8, valid);
+      cp_async16(sv + off, vb + j * a.v1 + chunk * 8, valid);
+    }
   }
 }
 
-template <class T, int D, int WG, int ST = 3>
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+  const int n = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+
+// Prefetch helpers (SPARGE_GATHER_PREFETCH=1). The union keys of step s (positions 64 s ..
+// 64 s + 63) into `slot` (64 ints): threads 0..15 copy 16 bytes each; chunks at or past U are
+// zero-filled without a read (their keys are never used: load_kv_sw tests u < U). A chunk that
+// starts below U stays inside the group's row of union_keys because the host makes ucap (the
+// row length) a multiple of 4, so rows and chunks are 16-byte aligned.
+__device__ __forceinline__ void copy_step_keys(const std::int32_t* keys, int U, int s, std::int32_t* slot, int t) {
+  if (t < kBN / 4) {
+    const int u0 = s * kBN + t * 4;
+    const bool valid = u0 < U;
+    cp_async16(slot + t * 4, keys + (valid ? u0 : 0), valid);
+  }
+}
+// The mask words of step s for the tile's rows [row0, row0 + bm): thread t < bm copies row
+// row0 + t's word (8 bytes; mask rows are not 16-byte aligned in general); zero for rows past the
+// group's end and steps past the union (what mask_word gives).
+__device__ __forceinline__ void copy_step_masks(const unsigned long long* masks, const Geometry& geo, const GroupPos& gp, int nblk,
+                                                int row0, int bm, int s, unsigned long long* dst, int t) {
+  if (t < bm) {
+    const int gr = row0 + t;
+    const bool valid = s < nblk && gr < gp.rows;
+    cp_async8(dst + t, masks + (valid ? static_cast<std::int64_t>(s) * geo.rows + gr : 0), valid);
+  }
+}
+
+// Prefetch (PF): without it every thread reads the union keys of the step it gathers from global
+// memory right before its cp.async (a dependent L2 round trip per step on the issue path: the
+// copies wait for the key load) and the mask words one step ahead into registers. With it, the
+// keys of step s ride in the commit group of the K/V copies of step s - ST + 1 (group g carries
+// K/V of step g and the keys of step g + ST - 1) into a ring of kKeyRing slots, and the rows' mask
+// words of step s ride in group s into the K/V stage of step s. The wait + barrier at the top of
+// step blk (groups <= blk complete) then covers the keys of step blk + ST - 1 (gathered at step
+// blk) and the masks of step blk. Ring reuse: the slot of step s + kKeyRing is written at step
+// s + kKeyRing - 2 ST + 2 > s - ST + 1 (its last read) with a barrier between; a stage's masks
+// are rewritten with the stage (step blk + 1, after the barrier). Same keys, same masks, same
+// arithmetic: the output is bitwise that of the path without prefetch.
+template <class T, int D, int WG, int ST = 3, bool PF = false>
 __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const AttnArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace wg = ::sparge::cuda::attn::sm90;
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
-  constexpr int kThreads = WgShape<WG, ST>::kThreads;
-  constexpr int kBM = WgShape<WG, ST>::kBM;
+  using Shape = WgShape<WG, ST, PF>;
+  constexpr int kThreads = Shape::kThreads;
+  constexpr int kBM = Shape::kBM;
   constexpr int kChunks = D / 8;
   constexpr int kNT = kBN / 8;                  // n-tiles of S
   constexpr int kDT = D / 8;                    // n-tiles of O
@@ -111,6 +169,10 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
   unsigned char* base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned char* sq = base;                     // [WG][64 rows][D]
   unsigned char* skv = sq + WG * kTile;         // stage s: K at skv + 2 s kTile, V right after
+  constexpr int kStages = Shape::kStages;
+  // Prefetch rings (PF only): union keys [kKeyRing][64], then mask words [kStages][kBM].
+  std::int32_t* skeys = reinterpret_cast<std::int32_t*>(skv + kStages * 2 * kTile);
+  unsigned long long* smask = reinterpret_cast<unsigned long long*>(skeys + Shape::kKeyRing * kBN);
 
   const Geometry& geo = a.geo;
   const int w = static_cast<int>(blockIdx.y);
@@ -125,14 +187,35 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
   const unsigned long long* masks = a.scratch.masks + w * a.scratch.words_cap * geo.rows;
   const int nblk = (U + kBN - 1) / kBN;
 
+  auto key_slot = [&](int s) { return skeys + (s & (Shape::kKeyRing - 1)) * kBN; };
+  // The K/V copies of step s into its stage (keys from global memory, or from the ring with PF).
+  auto gather_step = [&](int s) {
+    unsigned char* st_k = skv + (s % kStages) * 2 * kTile;
+    if constexpr (PF) {
+      load_kv_sw<T, D, kThreads, true>(a, gp, key_slot(s), U, s, st_k, st_k + kTile);
+    } else {
+      load_kv_sw<T, D, kThreads>(a, gp, keys, U, s, st_k, st_k + kTile);
+    }
+  };
+  if constexpr (PF) {
+    // The keys the prologue gathers with (steps 0 .. kStages - 2): one round trip, then visible.
+    for (int st = 0; st < kStages - 1; ++st) copy_step_keys(keys, U, st, key_slot(st), tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  }
   // Q rows of the tile (zero past the group's rows).
   load_q_sw<T, D, kBM, kThreads, kBM * kChunks / kThreads>(a, gp, row0, sq, tid);
   // Prologue: Q with step 0 as the first commit group, then steps 1 .. kStages - 2, one group
-  // each (empty groups past the end keep the count: step blk is always group blk).
-  constexpr int kStages = WgShape<WG, ST>::kStages;
+  // each (empty groups past the end keep the count: step blk is always group blk). With PF group
+  // st also carries the keys of step st + kStages - 1 and the mask words of step st.
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < nblk) load_kv_sw<T, D, kThreads>(a, gp, keys, U, st, skv + st * 2 * kTile, skv + st * 2 * kTile + kTile);
+    if (st < nblk) gather_step(st);
+    if constexpr (PF) {
+      copy_step_keys(keys, U, st + kStages - 1, key_slot(st + kStages - 1), tid);
+      copy_step_masks(a.scratch.masks + w * a.scratch.words_cap * geo.rows, geo, gp, nblk, row0, kBM, st, smask + st * kBM, tid);
+    }
     cp_async_commit();
   }
 
@@ -150,13 +233,14 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
   auto mask_word = [&](int blk, int gr) {
     return blk < nblk && gr < gp.rows ? masks[static_cast<std::int64_t>(blk) * geo.rows + gr] : 0ull;
   };
-  unsigned long long next_lo = mask_word(0, gr_lo), next_hi = mask_word(0, gr_hi);
+  unsigned long long next_lo = PF ? 0ull : mask_word(0, gr_lo), next_hi = PF ? 0ull : mask_word(0, gr_hi);
 #pragma unroll 1
   for (int blk = 0; blk < nblk; ++blk) {
-    const unsigned long long mask_lo = next_lo, mask_hi = next_hi;
-    next_lo = mask_word(blk + 1, gr_lo);
-    next_hi = mask_word(blk + 1, gr_hi);
-    const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
+    unsigned long long mask_lo = next_lo, mask_hi = next_hi;
+    if constexpr (!PF) {
+      next_lo = mask_word(blk + 1, gr_lo);
+      next_hi = mask_word(blk + 1, gr_hi);
+    }
     // Step blk's group (and, at blk = 0, Q) has landed once at most kStages - 2 newer groups are
     // pending; each thread fences its own copies for the async proxy, and the barrier hands them
     // to every warpgroup. The barrier also says that every warpgroup has finished step blk - 1
@@ -164,9 +248,18 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
     cp_async_wait<kStages - 2>();
     fence_proxy_async_smem();
     __syncthreads();
-    if (blk + kStages - 1 < nblk) {
-      unsigned char* nk = skv + ((blk + kStages - 1) % kStages) * 2 * kTile;
-      load_kv_sw<T, D, kThreads>(a, gp, keys, U, blk + kStages - 1, nk, nk + kTile);
+    if constexpr (PF) {
+      // Landed with group blk; read before the barrier of step blk + 1 (after which the stage is refilled).
+      const unsigned long long* sm = smask + (blk % kStages) * kBM;
+      mask_lo = sm[gr_lo - row0];
+      mask_hi = sm[gr_hi - row0];
+    }
+    const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
+    if (blk + kStages - 1 < nblk) gather_step(blk + kStages - 1);
+    if constexpr (PF) {
+      copy_step_keys(keys, U, blk + 2 * kStages - 2, key_slot(blk + 2 * kStages - 2), tid);
+      copy_step_masks(a.scratch.masks + w * a.scratch.words_cap * geo.rows, geo, gp, nblk, row0, kBM, blk + kStages - 1,
+                      smask + ((blk + kStages - 1) % kStages) * kBM, tid);
     }
     cp_async_commit();
     const std::uint32_t k_addr = smem_addr(skv + (blk % kStages) * 2 * kTile);

@@ -66,6 +66,10 @@
 namespace sparge::cuda::gather {
 
 constexpr int kWsMaxStages = 8;
+// Prefetch: a producer thread's keys of step s are copied at step s - kWsKeyAhead (ring of
+// kWsKeyAhead + 1 slots: the slot written at step blk is the one read at step blk - 1).
+constexpr int kWsKeyAhead = 4;
+constexpr int kWsKeySlots = kWsKeyAhead + 1;
 
 // Launch shape of the warp-specialized kernel with C consumer warpgroups.
 template <int C>
@@ -85,10 +89,17 @@ struct WsShape {
   static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
   static constexpr int tile_bytes(int d) { return 64 * d * 2; }
   static constexpr int barrier_bytes(int stages) { return 8 * (1 + 4 * stages); }
+  // Prefetch (a.ws_prefetch): each producer thread's own union keys, kWsKeyAhead steps ahead, in
+  // kWsKeySlots slots of D / 16 ints per thread; the BM rows' mask words per stage.
+  static constexpr int pf_bytes(int d, int stages) { return kWsKeySlots * (d / 16) * 128 * 4 + stages * kBM * 8; }
   // Q (C tiles) + stages x (K, V), plus 1024 bytes: the slack that aligns the tiles to the
   // 1024-byte swizzle atom also holds the barriers when it is large enough, else they follow the
-  // tiles (barrier_bytes <= 264 < 1024, so the sum is enough either way).
-  static constexpr int smem_bytes(int d, int stages) { return (C + 2 * stages) * tile_bytes(d) + 1024; }
+  // tiles (barrier_bytes <= 264 < 1024, so the sum is enough either way). With prefetch, its
+  // buffers follow the tiles, 512 bytes further when the barriers are there (pad < 264, so
+  // pad + 512 < 1024).
+  static constexpr int smem_bytes(int d, int stages, bool prefetch = false) {
+    return (C + 2 * stages) * tile_bytes(d) + 1024 + (prefetch ? pf_bytes(d, stages) : 0);
+  }
 };
 
 __device__ __forceinline__ void cp_async_arrive_noinc(std::uint64_t* bar) {
@@ -151,6 +162,11 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
   std::uint64_t* v_full = bars + 1 + stages;
   std::uint64_t* k_empty = bars + 1 + 2 * stages;
   std::uint64_t* v_empty = bars + 1 + 3 * stages;
+  // Prefetch buffers (a.ws_prefetch): keys [kWsKeySlots][D / 16][128 threads], then the mask
+  // words [stages][BM].
+  const bool prefetch = a.ws_prefetch != 0;
+  std::int32_t* pf_keys = reinterpret_cast<std::int32_t*>(skv + 2 * stages * kTile + (pad >= bar_bytes ? 0 : 512));
+  unsigned long long* pf_masks = reinterpret_cast<unsigned long long*>(pf_keys + kWsKeySlots * kIt * 128);
 
   const Geometry& geo = a.geo;
   const int w = static_cast<int>(blockIdx.y);
@@ -201,15 +217,46 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
         key[it] = blk < nblk && u < U ? keys[u] : -1;
       }
     };
+    // Prefetch: this thread's keys of step s into its own slot (4-byte copies, zero past U; the
+    // validity is recomputed from U when read), one commit group per step.
+    auto copy_my_keys = [&](int s, int slot) {
+#pragma unroll
+      for (int it = 0; it < kIt; ++it) {
+        const int u = s * kBN + pt / kChunks + it * (128 / kChunks);
+        const bool valid = u < U;
+        cp_async4(pf_keys + (slot * kIt + it) * 128 + pt, keys + (valid ? u : 0), valid);
+      }
+    };
     int key[kIt], key_next[kIt];
-    load_keys(0, key);
+    int rk = 0, wk = kWsKeyAhead;  // prefetch: the slots read and written this step
+    if (prefetch) {
+      for (int s = 0; s < kWsKeyAhead; ++s) {
+        copy_my_keys(s, s);
+        cp_async_commit();
+      }
+    } else {
+      load_keys(0, key);
+    }
     int b = 0, b_prev = 0;
     std::uint32_t phase = 0;
 #pragma unroll 1
     for (int blk = 0; blk < nblk; ++blk) {
-      load_keys(blk + 1, key_next);
+      if (prefetch) {
+        // Committed so far: kWsKeyAhead + blk groups; all but the newest kWsKeyAhead - 1 complete
+        // = the keys of steps 0 .. blk (this thread's own copies: no barrier needed).
+        cp_async_wait<kWsKeyAhead - 1>();
+#pragma unroll
+        for (int it = 0; it < kIt; ++it) {
+          const int u = blk * kBN + pt / kChunks + it * (128 / kChunks);
+          key[it] = u < U ? pf_keys[(rk * kIt + it) * 128 + pt] : -1;
+        }
+      } else {
+        load_keys(blk + 1, key_next);
+      }
       unsigned char* sk = skv + b * 2 * kTile;
       wg::barrier_wait(k_empty + b, phase ^ 1);
+      // Prefetch: the rows' mask words of step blk into the stage, completed with K on k_full.
+      if (prefetch) copy_step_masks(a.scratch.masks + w * a.scratch.words_cap * geo.rows, geo, gp, nblk, row0, Sh::kBM, blk, pf_masks + b * Sh::kBM, pt);
       ws_copy_tile<T, D>(kb, a.k1, key, sk, pt);
       if (wait_mode) {
         cp_async_commit();
@@ -231,8 +278,15 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       } else {
         cp_async_arrive_noinc(v_full + b);
       }
+      if (prefetch) {
+        copy_my_keys(blk + kWsKeyAhead, wk);
+        cp_async_commit();
+        rk = rk == kWsKeySlots - 1 ? 0 : rk + 1;
+        wk = wk == kWsKeySlots - 1 ? 0 : wk + 1;
+      } else {
 #pragma unroll
-      for (int it = 0; it < kIt; ++it) key[it] = key_next[it];
+        for (int it = 0; it < kIt; ++it) key[it] = key_next[it];
+      }
       b_prev = b;
       if (++b == stages) {
         b = 0;
@@ -320,15 +374,28 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
     if (nblk > 0) {
       // The rows' mask words (L2) two steps ahead: a step of the pingpong pair is about as long as
       // an L2 round trip under load.
-      unsigned long long mask_lo = mask_word(0, gr_lo), mask_hi = mask_word(0, gr_hi);
-      unsigned long long next_lo = mask_word(1, gr_lo), next_hi = mask_word(1, gr_hi);
-      unsigned long long next2_lo = mask_word(2, gr_lo), next2_hi = mask_word(2, gr_hi);
+      // Prefetch: the producer put them into the stage (read after its "full" wait, before
+      // the "empty" release).
+      unsigned long long mask_lo = 0, mask_hi = 0, next_lo = 0, next_hi = 0, next2_lo = 0, next2_hi = 0;
+      const int lr = cw * 64 + warp * 16 + (lane >> 2);  // the thread's low row within the tile
+      if (!prefetch) {
+        mask_lo = mask_word(0, gr_lo);
+        mask_hi = mask_word(0, gr_hi);
+        next_lo = mask_word(1, gr_lo);
+        next_hi = mask_word(1, gr_hi);
+        next2_lo = mask_word(2, gr_lo);
+        next2_hi = mask_word(2, gr_hi);
+      }
       // Step 0: S_0 alone.
       int b_prev = 0;
       std::uint32_t ph_prev = 0;
       int b = stages > 1 ? 1 : 0;
       std::uint32_t ph = stages > 1 ? 0u : 1u;
       acquire(k_full, 0);
+      if (prefetch) {
+        mask_lo = pf_masks[lr];
+        mask_hi = pf_masks[lr + 8];
+      }
       turn_begin();
       wg::wgmma_fence();
       wg::fence_accumulator(s);
@@ -345,14 +412,26 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       rescale_and_pack();
 #pragma unroll 1
       for (int blk = 1; blk < nblk; ++blk) {
-        mask_lo = next_lo;
-        mask_hi = next_hi;
-        next_lo = next2_lo;
-        next_hi = next2_hi;
-        next2_lo = mask_word(blk + 2, gr_lo);
-        next2_hi = mask_word(blk + 2, gr_hi);
-        acquire(k_full + b, ph);
-        acquire(v_full + b_prev, ph_prev);
+        if (!prefetch) {
+          mask_lo = next_lo;
+          mask_hi = next_hi;
+          next_lo = next2_lo;
+          next_hi = next2_hi;
+          next2_lo = mask_word(blk + 2, gr_lo);
+          next2_hi = mask_word(blk + 2, gr_hi);
+        }
+        if (prefetch) {
+          // Both waits, then one proxy fence for K_blk and V_{blk-1} (it orders every write the
+          // two waits made visible; the default path fences after each wait).
+          wg::barrier_wait(k_full + b, ph);
+          wg::barrier_wait(v_full + b_prev, ph_prev);
+          fence_proxy_async_smem();
+          mask_lo = pf_masks[b * Sh::kBM + lr];
+          mask_hi = pf_masks[b * Sh::kBM + lr + 8];
+        } else {
+          acquire(k_full + b, ph);
+          acquire(v_full + b_prev, ph_prev);
+        }
         turn_begin();
         wg::wgmma_fence();
         wg::fence_accumulator(s);

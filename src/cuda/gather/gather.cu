@@ -68,6 +68,7 @@ struct AttnChoice {
   // The warp-specialized kernel (attention_ws.cuh): its switches, copied into AttnArgs.
   bool ws = false;
   int ws_arrive_wait = 0, ws_pingpong = 1;
+  bool prefetch = false;  // SPARGE_GATHER_PREFETCH took effect (the profile line says so)
 };
 
 bool aligned16(const Tensor& t) {
@@ -79,7 +80,16 @@ bool aligned16(const Tensor& t) {
 }
 
 template <class T, int D>
-AttnChoice pick_kernel(int tile_rows, bool wgmma, int stages = 3) {
+AttnChoice pick_kernel(int tile_rows, bool wgmma, int stages = 3, bool prefetch = false) {
+  if (wgmma && prefetch && tile_rows <= 128) {
+    // SPARGE_GATHER_PREFETCH=1 (attention_wgmma.cuh, "Prefetch"): keys and mask words through
+    // shared memory; BM 256 has no such variant.
+    if (tile_rows == 64 && stages == 2) {
+      return {gather::attention_wgmma_kernel<T, D, 1, 2, true>, gather::WgShape<1, 2, true>::kThreads, gather::WgShape<1, 2, true>::smem_bytes(D), 64, true, 2};
+    }
+    if (tile_rows == 64) return {gather::attention_wgmma_kernel<T, D, 1, 3, true>, gather::WgShape<1, 3, true>::kThreads, gather::WgShape<1, 3, true>::smem_bytes(D), 64};
+    return {gather::attention_wgmma_kernel<T, D, 2, 3, true>, gather::WgShape<2, 3, true>::kThreads, gather::WgShape<2, 3, true>::smem_bytes(D), 128};
+  }
   if (wgmma) {
     if (tile_rows == 64 && stages == 2) {
       return {gather::attention_wgmma_kernel<T, D, 1, 2>, gather::WgShape<1, 2>::kThreads, gather::WgShape<1, 2>::smem_bytes(D), 64, true, 2};
@@ -94,16 +104,17 @@ AttnChoice pick_kernel(int tile_rows, bool wgmma, int stages = 3) {
 
 // The warp-specialized kernel with C consumer warpgroups and `stages` K/V stages.
 template <class T, int D, int C>
-AttnChoice pick_ws(int stages) {
-  AttnChoice c{gather::attention_ws_kernel<T, D, C>, gather::WsShape<C>::kThreads, gather::WsShape<C>::smem_bytes(D, stages),
+AttnChoice pick_ws(int stages, bool prefetch) {
+  AttnChoice c{gather::attention_ws_kernel<T, D, C>, gather::WsShape<C>::kThreads, gather::WsShape<C>::smem_bytes(D, stages, prefetch),
                gather::WsShape<C>::kBM, true, stages};
   c.name = "ws";
   c.ws = true;
+  c.prefetch = prefetch;
   return c;
 }
 template <class T, int D>
-AttnChoice pick_ws(int consumers, int stages) {
-  return consumers == 1 ? pick_ws<T, D, 1>(stages) : pick_ws<T, D, 2>(stages);
+AttnChoice pick_ws(int consumers, int stages, bool prefetch) {
+  return consumers == 1 ? pick_ws<T, D, 1>(stages, prefetch) : pick_ws<T, D, 2>(stages, prefetch);
 }
 
 int env_int(const char* name, int fallback) {
@@ -113,6 +124,12 @@ int env_int(const char* name, int fallback) {
   const long v = std::strtol(e, &end, 10);
   return end != nullptr && *end == '\0' ? static_cast<int>(v) : fallback;
 }
+
+// SPARGE_GATHER_PREFETCH=1 (read on every call; opt-in until an H200 round shows it correct and
+// faster): the wgmma kernels (BM 64 / 128) and the ws kernel's noinc producer take the union keys
+// and mask words through shared memory, several steps ahead, with cp.async (attention_wgmma.cuh
+// and attention_ws.cuh, "Prefetch"). Same keys, masks and arithmetic: bitwise the same output.
+bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 0) == 1; }
 
 // SPARGE_GATHER_PATH=ws (sm_90a; NOT RUN ON A GPU yet): the warp-specialized kernel. Its switches,
 // read on every call (every variant walks the union in the same order with the same per-row
@@ -133,19 +150,25 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   if (wg_req == 1 || wg_req == 2) consumers = wg_req;
   const int d = static_cast<int>(plan.d);
   const int tile = 64 * d * 2;
+  const char* arrive = std::getenv("SPARGE_GATHER_WS_ARRIVE");
+  const bool arrive_wait = arrive != nullptr && std::strcmp(arrive, "wait") == 0;
+  // SPARGE_GATHER_PREFETCH=1 with the noinc producer only (the wait mode counts commit groups).
+  const bool pf = prefetch_on() && !arrive_wait;
+  // Prefetch buffers: the per-thread key ring (fixed) + BM mask words per stage.
+  const int pf_fixed = pf ? gather::kWsKeySlots * (d / 16) * 128 * 4 : 0;
+  const int pf_stage = pf ? 64 * consumers * 8 : 0;
   constexpr int kSmemMax = 227 * 1024;     // one CTA per SM
   constexpr int kSmemHalf = 113 * 1024;    // two CTAs per SM (228 KB less 1 KB per CTA, halved)
-  const int max_stages = std::min(gather::kWsMaxStages, (kSmemMax - 1024 - consumers * tile) / (2 * tile));
-  const int two_cta_stages = std::min(gather::kWsMaxStages, (kSmemHalf - 1024 - tile) / (2 * tile));
+  const int max_stages = std::min(gather::kWsMaxStages, (kSmemMax - 1024 - pf_fixed - consumers * tile) / (2 * tile + pf_stage));
+  const int two_cta_stages = std::min(gather::kWsMaxStages, (kSmemHalf - 1024 - pf_fixed - tile) / (2 * tile + pf_stage));
   int stages = consumers == 1 ? two_cta_stages : max_stages;
   const int st_req = env_int("SPARGE_GATHER_WS_STAGES", 0);
   if (st_req >= 2) stages = std::min(st_req, max_stages);
   stages = std::max(stages, 2);
   const bool f16 = plan.dtype == DType::f16;
-  AttnChoice c = d == 64 ? (f16 ? pick_ws<__half, 64>(consumers, stages) : pick_ws<__nv_bfloat16, 64>(consumers, stages))
-                         : (f16 ? pick_ws<__half, 128>(consumers, stages) : pick_ws<__nv_bfloat16, 128>(consumers, stages));
-  const char* arrive = std::getenv("SPARGE_GATHER_WS_ARRIVE");
-  c.ws_arrive_wait = arrive != nullptr && std::strcmp(arrive, "wait") == 0 ? 1 : 0;
+  AttnChoice c = d == 64 ? (f16 ? pick_ws<__half, 64>(consumers, stages, pf) : pick_ws<__nv_bfloat16, 64>(consumers, stages, pf))
+                         : (f16 ? pick_ws<__half, 128>(consumers, stages, pf) : pick_ws<__nv_bfloat16, 128>(consumers, stages, pf));
+  c.ws_arrive_wait = arrive_wait ? 1 : 0;
   c.ws_pingpong = env_int("SPARGE_GATHER_WS_PINGPONG", 1) != 0 ? 1 : 0;
   return c;
 }
@@ -208,11 +231,13 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   if (wgmma) {
     // Only an sm_90a build has the wgmma body (a compute_80 PTX JIT-compiled for the device
     // would trap): take the portable kernel otherwise.
-    const AttnChoice c = plan.d == 64 ? (f16 ? pick_kernel<__half, 64>(tile, true, stages) : pick_kernel<__nv_bfloat16, 64>(tile, true, stages))
-                                      : (f16 ? pick_kernel<__half, 128>(tile, true, stages) : pick_kernel<__nv_bfloat16, 128>(tile, true, stages));
+    const bool pf = prefetch_on() && tile <= 128;
+    const AttnChoice c = plan.d == 64 ? (f16 ? pick_kernel<__half, 64>(tile, true, stages, pf) : pick_kernel<__nv_bfloat16, 64>(tile, true, stages, pf))
+                                      : (f16 ? pick_kernel<__half, 128>(tile, true, stages, pf) : pick_kernel<__nv_bfloat16, 128>(tile, true, stages, pf));
     if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) {
       AttnChoice r{c.kernel, c.threads, c.smem, c.tile_rows, true, stages};
       r.name = "wgmma";
+      r.prefetch = pf;
       return r;
     }
     wgmma = false;
@@ -411,21 +436,23 @@ struct Profile {
     }
   }
   void report(int ctas, int mask_rows, int variant, bool pos_map, bool row_bitmaps, int tile_rows, const AttnChoice& ac, int list_rep,
-              std::int64_t groups, std::int64_t wave) {
+              std::int64_t groups, std::int64_t wave, bool l2_256) {
     float u = 0, a = 0;
     if (cudaEventSynchronize(ev[2]) != cudaSuccess || cudaEventElapsedTime(&u, ev[0], ev[1]) != cudaSuccess ||
         cudaEventElapsedTime(&a, ev[1], ev[2]) != cudaSuccess) {
       return;
     }
+    // The attention kernel's switches: "2 stages" (wgmma64), the ws ring, prefetch, L2 hint.
+    std::string sw;
+    if (ac.wgmma && !ac.ws && ac.stages == 2) sw += ", 2 stages";
+    if (ac.ws) sw += std::string(", ") + std::to_string(ac.stages) + " stages, arrive " + (ac.ws_arrive_wait ? "wait" : "noinc") + (ac.ws_pingpong ? "" : ", no pingpong");
+    if (ac.prefetch) sw += ", prefetch";
+    if (l2_256) sw += ", L2::256B";
     std::fprintf(stderr,
                  "[gather profile] wave 0 of %lld groups (wave %lld): union %.3f ms (ctas %d, mask_rows %d, variant %d%s, %s lists), attention %.3f ms "
-                 "(%s, BM %d%s%s)\n",
+                 "(%s, BM %d%s)\n",
                  static_cast<long long>(groups), static_cast<long long>(wave), u, ctas, row_bitmaps ? 0 : mask_rows, variant,
-                 row_bitmaps ? " row bitmaps" : (pos_map ? " pos map" : ""), list_rep > 1 ? "kv-head" : "per-row", a,
-                 ac.name, tile_rows, ac.wgmma && !ac.ws && ac.stages == 2 ? ", 2 stages" : "",
-                 ac.ws ? (std::string(", ") + std::to_string(ac.stages) + " stages, arrive " + (ac.ws_arrive_wait ? "wait" : "noinc") +
-                          (ac.ws_pingpong ? "" : ", no pingpong")).c_str()
-                       : "");
+                 row_bitmaps ? " row bitmaps" : (pos_map ? " pos map" : ""), list_rep > 1 ? "kv-head" : "per-row", a, ac.name, tile_rows, sw.c_str());
   }
 };
 
@@ -460,7 +487,9 @@ Status gather_attention(const GatherAttentionParams& p) {
   const int list_rep = p.indices.shape[1] != geo.hq ? geo.g : 1;
   const int units = geo.rows / list_rep;  // lists per group
   gather::Scratch sc{};
-  sc.ucap = std::min<std::int64_t>(geo.sk, static_cast<std::int64_t>(units) * n_max);
+  // Rounded up to a multiple of 4: each group's row of union keys is then 16-byte aligned, so the
+  // prefetching attention kernels copy keys in 16-byte chunks (words_cap does not change).
+  sc.ucap = (std::min<std::int64_t>(geo.sk, static_cast<std::int64_t>(units) * n_max) + 3) / 4 * 4;
   sc.words_cap = (sc.ucap + 63) / 64;
   const std::int64_t per_group = 4 + sc.ucap * 4 + sc.words_cap * geo.rows * 8;
   std::int64_t wave = std::clamp<std::int64_t>(kScratchBudget / per_group, 1, std::min<std::int64_t>(total_groups, 65535));
@@ -579,6 +608,12 @@ Status gather_attention(const GatherAttentionParams& p) {
   aa.ws_stages = ac.ws ? ac.stages : 0;
   aa.ws_arrive_wait = ac.ws_arrive_wait;
   aa.ws_pingpong = ac.ws_pingpong;
+  aa.ws_prefetch = ac.ws && ac.prefetch ? 1 : 0;
+  // SPARGE_GATHER_L2PF=256 (read per call; opt-in, measured against the same path without it):
+  // the .L2::256B hint on the K/V gathers of the prefetching wgmma kernels (the others ignore it;
+  // in the ws producer the second copy loop cost spills at its 72 registers). A hint: same bytes,
+  // same output.
+  aa.l2_256 = !ac.ws && ac.prefetch && env_int("SPARGE_GATHER_L2PF", 0) == 256 ? 1 : 0;
   const AttnKernel attn = ac.kernel;
   const int attn_threads = ac.threads, attn_smem = ac.smem, tile_rows = ac.tile_rows;
   // The union kernel of the path set_ctas chose (re-picked by the 1-CTA fallback below).
@@ -657,7 +692,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     }
   }
   side.join();  // the flags are written by union kernels on the side stream
-  if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, ua.rowbm_off >= 0, tile_rows, ac, list_rep, total_groups, wave);
+  if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, ua.rowbm_off >= 0, tile_rows, ac, list_rep, total_groups, wave, aa.l2_256 != 0);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
   e = fl.fetch();
