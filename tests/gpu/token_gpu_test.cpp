@@ -716,6 +716,7 @@ struct PathConfig {
   const char* ws_pingpong = nullptr;
   const char* prefetch = nullptr;  // SPARGE_GATHER_PREFETCH
   const char* l2pf = nullptr;      // SPARGE_GATHER_L2PF
+  const char* pdl = nullptr;       // SPARGE_GATHER_PDL
 };
 // Sets a PathConfig's variables for its lifetime.
 class PathEnv {
@@ -727,19 +728,21 @@ class PathEnv {
         arrive_("SPARGE_GATHER_WS_ARRIVE", c.ws_arrive),
         pingpong_("SPARGE_GATHER_WS_PINGPONG", c.ws_pingpong),
         prefetch_("SPARGE_GATHER_PREFETCH", c.prefetch),
-        l2pf_("SPARGE_GATHER_L2PF", c.l2pf) {}
+        l2pf_("SPARGE_GATHER_L2PF", c.l2pf),
+        pdl_("SPARGE_GATHER_PDL", c.pdl) {}
 
  private:
-  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_;
+  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_, pdl_;
 };
-// SPARGE_GATHER_PREFETCH=1 (keys and mask words through shared memory, added 2026-11-30 session 5,
-// not run on a GPU when added), each with the path it must equal bit for bit (same keys, masks
-// and arithmetic): the wgmma kernels (BM 64 with 2 stages, BM 64 / 128 with 3) and the ws
-// kernel's noinc producer (its defaults, one consumer warpgroup, the smallest ring).
-struct PrefetchPair {
+// Switches added 2026-11-30 session 5 (not run on a GPU when added), each with the path it must
+// equal bit for bit (same keys, masks and arithmetic): SPARGE_GATHER_PREFETCH=1 (keys and mask
+// words through shared memory) in the wgmma kernels (BM 64 with 2 stages, BM 64 / 128 with 3)
+// and the ws kernel's noinc producer (its defaults, one consumer warpgroup, the smallest ring);
+// SPARGE_GATHER_L2PF=256; SPARGE_GATHER_PDL=1 (the attention launch overlaps the union's end).
+struct BitwisePair {
   PathConfig with, without;
 };
-const PrefetchPair kPrefetchPaths[] = {
+const BitwisePair kBitwisePairs[] = {
     {{"wgmma64 prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma64", "wgmma64"}},
     {{"wgmma prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma", "wgmma"}},
     {{"ws prefetch", "ws", nullptr, nullptr, nullptr, nullptr, "1"}, {"ws stages=5", "ws", nullptr, "5"}},
@@ -748,6 +751,9 @@ const PrefetchPair kPrefetchPaths[] = {
     // SPARGE_GATHER_L2PF=256: the .L2::256B hint on the K/V gathers (a hint: same bits).
     {{"wgmma64 prefetch L2::256B", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1", "256"}, {"wgmma64", "wgmma64"}},
     {{"wgmma prefetch L2::256B", "wgmma", nullptr, nullptr, nullptr, nullptr, "1", "256"}, {"wgmma", "wgmma"}},
+    {{"wgmma64 pdl", "wgmma64", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma64", "wgmma64"}},
+    {{"wgmma64 prefetch pdl", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1", nullptr, "1"}, {"wgmma64", "wgmma64"}},
+    {{"ws prefetch pdl", "ws", nullptr, nullptr, nullptr, nullptr, "1", nullptr, "1"}, {"ws stages=5", "ws", nullptr, "5"}},
 };
 // The warp-specialized kernel's variants (not run on a GPU when they were added): its defaults
 // (BM 128 for groups of more than 64 rows, BM 64 otherwise; the most stages that fit; noinc
@@ -815,7 +821,7 @@ void gather_case(const GCase& c, const std::string& name, Layout layout) {
       vs_expanded(up, true, ur, what + " path=" + pc.label);
     }
     // Prefetch: against the oracle and bitwise against the same path without it.
-    for (const PrefetchPair& pp : kPrefetchPaths) {
+    for (const BitwisePair& pp : kBitwisePairs) {
       GOut base;
       {
         PathEnv e0(pp.without);
@@ -1137,7 +1143,7 @@ std::vector<PathConfig> all_paths() {
   std::vector<PathConfig> v = {{"default", nullptr}, {"mma", "mma"},         {"mma64", "mma64"},    {"mma128", "mma128"},
                                {"wgmma", "wgmma"},  {"wgmma256", "wgmma256"}, {"wgmma64", "wgmma64"}};
   v.insert(v.end(), std::begin(kWsPaths), std::end(kWsPaths));
-  for (const PrefetchPair& pp : kPrefetchPaths) v.push_back(pp.with);
+  for (const BitwisePair& pp : kBitwisePairs) v.push_back(pp.with);
   return v;
 }
 
@@ -1199,7 +1205,7 @@ SPARGE_CASES(GatherGpuLong) {
                          check_gather(run_gather(g, Backend::cuda, true, 7), o_ref, lse_ref, lowp_err, tag + " ur=7");
                        }
                        // Prefetch paths bitwise equal to the same path without prefetch.
-                       for (const PrefetchPair& pp : kPrefetchPaths) {
+                       for (const BitwisePair& pp : kBitwisePairs) {
                          for (int ur : {64, 7}) {
                            GOut base;
                            {
@@ -1580,7 +1586,7 @@ SPARGE_CASES(GatherGpuFastPerf) {
                      const char* only = std::getenv("SPARGE_TEST_GATHER_FAST");
                      const std::string filter = only != nullptr ? std::string(",") + only + "," : "";
                      std::vector<PathConfig> paths = {{"default", nullptr}, {"ws", "ws"}};
-                     for (const PrefetchPair& pp : kPrefetchPaths) paths.push_back(pp.with);
+                     for (const BitwisePair& pp : kBitwisePairs) paths.push_back(pp.with);
                      paths.push_back({"ws stages=3 prefetch", "ws", nullptr, "3", nullptr, nullptr, "1"});
                      paths.push_back({"ws pingpong=0 prefetch", "ws", nullptr, nullptr, nullptr, "0", "1"});
                      // The union kernel's cluster size (SPARGE_GATHER_UNION_CTAS) under the default

@@ -182,6 +182,7 @@ __global__ void __launch_bounds__(WG * 128, 1) attention_wgmma_kernel(const Attn
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int wgi = warp >> 2;  // warpgroup
+  pdl_wait();  // the union kernel's outputs (SPARGE_GATHER_PDL)
   const int U = a.scratch.union_size[w];
   const std::int32_t* keys = a.scratch.union_keys + w * a.scratch.ucap;
   const unsigned long long* masks = a.scratch.masks + w * a.scratch.words_cap * geo.rows;

@@ -174,6 +174,7 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
   const int row0 = static_cast<int>(blockIdx.x) * Sh::kBM;
   if (row0 >= gp.rows) return;  // the group's last positions were cut off by Sq (whole CTA)
   const int tid = static_cast<int>(threadIdx.x);
+  pdl_wait();  // the union kernel's outputs (SPARGE_GATHER_PDL)
   const int U = a.scratch.union_size[w];
   const std::int32_t* keys = a.scratch.union_keys + w * a.scratch.ucap;
   const int nblk = (U + kBN - 1) / kBN;

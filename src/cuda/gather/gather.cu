@@ -635,6 +635,12 @@ Status gather_attention(const GatherAttentionParams& p) {
     prof.on = false;  // the split is not measurable with events on one stream
   }
   const cudaStream_t ustream = slots == 2 ? side.s : stream;
+  // SPARGE_GATHER_PDL=1 (read per call; opt-in until measured): the wgmma / ws attention kernel
+  // (which waits for the union kernel's outputs with griddepcontrol.wait) is launched with
+  // programmatic stream serialization right after its union kernel on the same stream, so its
+  // launch and first CTAs overlap the union's last ones. Not with the overlap mode (the union is
+  // on another stream) or the profile (events between the kernels).
+  const bool pdl = env_int("SPARGE_GATHER_PDL", 0) == 1 && ac.wgmma && major >= 9 && slots == 1 && !prof.on;
   for (std::int64_t g0 = 0, k = 0; g0 < total_groups; g0 += wave, ++k) {
     if (prof.on && g0 == 0) cudaEventRecord(prof.ev[0], stream);
     const auto n = static_cast<unsigned>(std::min(wave, total_groups - g0));
@@ -684,7 +690,22 @@ Status gather_attention(const GatherAttentionParams& p) {
       if (e != cudaSuccess) return cuda_fail("cannot order the union and attention kernels", e);
     }
     if (prof.on && g0 == 0) cudaEventRecord(prof.ev[1], stream);
-    attn<<<dim3(row_tiles, n), attn_threads, attn_smem, stream>>>(aa);
+    if (pdl) {
+      cudaLaunchConfig_t acfg{};
+      acfg.gridDim = dim3(row_tiles, n);
+      acfg.blockDim = dim3(static_cast<unsigned>(attn_threads));
+      acfg.dynamicSmemBytes = static_cast<size_t>(attn_smem);
+      acfg.stream = stream;
+      cudaLaunchAttribute aattr[1];
+      aattr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      aattr[0].val.programmaticStreamSerializationAllowed = 1;
+      acfg.attrs = aattr;
+      acfg.numAttrs = 1;
+      e = cudaLaunchKernelEx(&acfg, attn, aa);
+      if (e != cudaSuccess) return cuda_fail("attention kernel launch failed", e);
+    } else {
+      attn<<<dim3(row_tiles, n), attn_threads, attn_smem, stream>>>(aa);
+    }
     if (prof.on && g0 == 0) cudaEventRecord(prof.ev[2], stream);
     if (slots == 2) {
       e = cudaEventRecord(side.attn_done[slot], stream);

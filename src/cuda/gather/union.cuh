@@ -255,6 +255,7 @@ __device__ __forceinline__ void stream_entries(const UnionArgs& a, const GroupPo
 // its own register allocation (one kernel holding both spilled at the 64-register cap).
 template <bool kRowBm>
 __global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs a) {
+  pdl_launch_dependents();  // SPARGE_GATHER_PDL: the attention grid may start once all union CTAs run
   extern __shared__ __align__(16) unsigned char union_smem[];
   std::uint32_t* bitmap = reinterpret_cast<std::uint32_t*>(union_smem);  // [words_k]
   std::uint32_t* rank = bitmap + a.words_k;  // [words_k]: union position of the word's first key
