@@ -1583,6 +1583,23 @@ SPARGE_CASES(GatherGpuFastPerf) {
                      p.group_union = true;
                      p.union_rows = 64;
                      const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
+                     // Union overlap per 64-position group (kv-head lists; the per-query-head
+                     // lists of a position are copies): union size / sum of the distinct lists.
+                     double sum_lists = 0, sum_union = 0;
+                     for (std::int64_t hk = 0; hk < c.hk; ++hk)
+                       for (std::int64_t i0 = 0; i0 < c.sq; i0 += 64) {
+                         std::vector<char> seen(static_cast<size_t>(c.sk), 0);
+                         for (std::int64_t i = i0; i < std::min(i0 + 64, c.sq); ++i) {
+                           const std::int64_t row = hk * c.sq + i;
+                           for (int t = 0; t < kv.counts[static_cast<size_t>(row)]; ++t) {
+                             char& f = seen[static_cast<size_t>(kv.idx[static_cast<size_t>(row * c.n_max + t)])];
+                             sum_union += f == 0;
+                             f = 1;
+                           }
+                           sum_lists += kv.counts[static_cast<size_t>(row)];
+                         }
+                       }
+                     std::printf("[perf fast] union overlap (union / sum of distinct lists per 64-position group) = %.4f\n", sum_union / sum_lists);
                      const char* only = std::getenv("SPARGE_TEST_GATHER_FAST");
                      const std::string filter = only != nullptr ? std::string(",") + only + "," : "";
                      std::vector<PathConfig> paths = {{"default", nullptr}, {"ws", "ws"}};
