@@ -29,6 +29,25 @@ struct Varlen {
   bool enabled() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
 };
 
+// The fp8 recipe's quantized Q and K (docs/quantized.md): e4m3 bytes (stored as DType::u8) and
+// their power-of-two scales, the buffers the recipe's quantization writes. build_block_map can
+// write them while it reads Q and K anyway (BlockMapParams::maybe_fp8_qk, with K smoothed by the
+// block map's own K mean), and block_sparse_attention with recipe = fp8 can take them instead of
+// quantizing Q and K itself (BlockSparseAttentionParams::maybe_fp8_qk); it then quantizes V only.
+// Every tensor is contiguous row-major in the shape given; no varlen.
+struct QuantizedQK {
+  Tensor q8;       // u8 (e4m3) [B, Hq, Sq, D]   q / q_scale
+  Tensor q_scale;  // f32 [B, Hq, Sq]            per row, a power of two
+  Tensor k8;       // u8 (e4m3) [B, Hk, Sk, D]   (k - k_mean) / k_scale of the row's key block
+  Tensor k_scale;  // f32 [B, Hk, NK]            per key block of blkk keys, NK = ceil(Sk / blkk)
+  Tensor k_mean;   // f32 [B, Hk, D]             the mean of K over the sequence (zeros without smooth_k)
+  // The settings the buffers are (to be) written with: each operation requires them equal to its
+  // own blkk and smooth_k.
+  int blkk = 64;
+  bool smooth_k = true;
+  bool present() const { return q8.present(); }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Stage 1: the SpargeAttn block map.
 struct BlockMapParams {
@@ -54,6 +73,9 @@ struct BlockMapParams {
   Tensor maybe_scores;  // [B, Hq, NQ, NK] scale * pooled_q . pooled_k, -inf where excluded
   Tensor maybe_q_sim;   // [B, Hq, NQ] self-similarity of each Q block
   Tensor maybe_k_sim;   // [B, Hk, NK] self-similarity of each (smoothed) K block
+  // Optional outputs (opt-in): the fp8 recipe's quantized Q and K, to pass to
+  // block_sparse_attention (recipe = fp8). Absent (q8.data == nullptr): not written.
+  QuantizedQK maybe_fp8_qk;
   Exec exec;
 };
 
@@ -83,6 +105,9 @@ struct BlockSparseAttentionParams {
   PerHead pv_threshold;
   Recipe recipe = Recipe::none;
   bool smooth_k = true;  // fp8 only: quantize K - mean(K) (mean over the sequence, per batch and kv head)
+  // fp8 only, optional: Q and K already quantized (by build_block_map); q and k are then read only
+  // for the LSE shift of smooth_k when maybe_lse is given.
+  QuantizedQK maybe_fp8_qk;
   Exec exec;
 };
 

@@ -128,6 +128,76 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attn(const at::Tensor& q_user, c
   return out;
 }
 
+// sparge_attn with recipe = fp8 (docs/quantized.md): build_block_map also writes the recipe's
+// quantized Q and K (maybe_fp8_qk, while it reads them for the pooling), and block_sparse_attention
+// takes them, quantizing only V itself. Returns (o, lse, lut, counts).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparge_attn_fp8(
+    const at::Tensor& q_user, const at::Tensor& k_user, const at::Tensor& v_user,
+    std::optional<c10::ArrayRef<double>> topk, std::optional<c10::ArrayRef<double>> cdfthreshd,
+    std::optional<c10::ArrayRef<double>> simthreshd1, std::int64_t blkq, std::int64_t blkk, bool is_causal,
+    bool attention_sink, bool smooth_k, double scale, std::optional<c10::ArrayRef<double>> pv_threshold,
+    c10::string_view tensor_layout, bool return_lse) {
+  constexpr const char* op = "sparge.sparge_attn";
+  const AttentionArgs a(op, tensor_layout, q_user, k_user, v_user);
+  const DeviceContext ctx(common_device(op, {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}}), op);
+  const at::Tensor& q = a.q;
+  const at::Tensor& k = a.k;
+  const std::int64_t nq = blocks(q.size(1), blkq), nk = blocks(k.size(1), blkk);
+  at::Tensor lut = at::empty({q.size(0), q.size(2), nq, nk}, i32(q));
+  at::Tensor counts = at::empty({q.size(0), q.size(2), nq}, i32(q));
+  // The quantized Q and K (contiguous; at::empty's storage is 16-byte aligned or better).
+  const auto u8 = q.options().dtype(at::kByte);
+  at::Tensor q8 = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, u8);
+  at::Tensor q_scale = at::empty({q.size(0), q.size(2), q.size(1)}, f32(q));
+  at::Tensor k8 = at::empty({k.size(0), k.size(2), k.size(1), k.size(3)}, u8);
+  at::Tensor k_scale = at::empty({k.size(0), k.size(2), nk}, f32(q));
+  at::Tensor k_mean = at::empty({k.size(0), k.size(2), k.size(3)}, f32(q));
+  QuantizedQK qk;
+  qk.q8 = view(q8, op, "q8");
+  qk.q_scale = view(q_scale, op, "q_scale");
+  qk.k8 = view(k8, op, "k8");
+  qk.k_scale = view(k_scale, op, "k_scale");
+  qk.k_mean = view(k_mean, op, "k_mean");
+  qk.blkk = static_cast<int>(blkk);
+  qk.smooth_k = smooth_k;
+
+  const PerHeadValues topk_v = per_head(topk), cdf_v = per_head(cdfthreshd), sim_v = per_head(simthreshd1);
+  BlockMapParams m;
+  m.q = view(q, op, "q");
+  m.k = view(k, op, "k");
+  m.blkq = static_cast<int>(blkq);
+  m.blkk = static_cast<int>(blkk);
+  m.scale = static_cast<float>(scale);
+  m.topk = topk_v.span();
+  m.cdfthreshd = cdf_v.span();
+  m.simthreshd1 = sim_v.span();
+  m.is_causal = is_causal;
+  m.attention_sink = attention_sink;
+  m.smooth_k = smooth_k;
+  m.lut = view(lut, op, "lut");
+  m.counts = view(counts, op, "counts");
+  m.maybe_fp8_qk = qk;
+  m.exec = ctx.exec();
+  throw_if_error(build_block_map(m));
+
+  const PerHeadValues pv = per_head(pv_threshold);
+  BlockSparseAttentionParams p;
+  auto [o, lse] = a.outputs(p, return_lse);
+  p.lut = m.lut;
+  p.counts = m.counts;
+  p.blkq = m.blkq;
+  p.blkk = m.blkk;
+  p.scale = m.scale;
+  p.is_causal = is_causal;
+  p.pv_threshold = pv.span();
+  p.recipe = Recipe::fp8;
+  p.smooth_k = smooth_k;
+  p.maybe_fp8_qk = qk;
+  p.exec = ctx.exec();
+  throw_if_error(block_sparse_attention(p));
+  return {o, lse, lut, counts};
+}
+
 std::tuple<at::Tensor, at::Tensor> dense_attn(const at::Tensor& q_user, const at::Tensor& k_user,
                                               const at::Tensor& v_user, bool is_causal, double scale,
                                               c10::string_view tensor_layout, bool return_lse) {
@@ -238,6 +308,10 @@ TORCH_LIBRARY(sparge, m) {
       "bool is_causal, float scale, float[]? pv_threshold, str tensor_layout, bool return_lse, "
       "str recipe=\"none\") -> (Tensor o, Tensor lse)");
   m.def(
+      "sparge_attn_fp8(Tensor q, Tensor k, Tensor v, float[]? topk, float[]? cdfthreshd, float[]? simthreshd1, "
+      "int blkq, int blkk, bool is_causal, bool attention_sink, bool smooth_k, float scale, float[]? pv_threshold, "
+      "str tensor_layout, bool return_lse) -> (Tensor o, Tensor lse, Tensor lut, Tensor counts)");
+  m.def(
       "dense_attn(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str tensor_layout, "
       "bool return_lse) -> (Tensor o, Tensor lse)");
   m.def("topk_select(Tensor scores, int k) -> (Tensor indices, Tensor counts)");
@@ -255,6 +329,7 @@ TORCH_LIBRARY(sparge, m) {
 #define SPARGE_IMPL_ALL(m)                        \
   m.impl("block_map", &block_map);                \
   m.impl("block_sparse_attn", &block_sparse_attn); \
+  m.impl("sparge_attn_fp8", &sparge_attn_fp8);    \
   m.impl("dense_attn", &dense_attn);              \
   m.impl("topk_select", &topk_select);            \
   m.impl("compact_mask", &compact_mask);          \

@@ -49,6 +49,14 @@ def _block_sparse_attn(q, k, v, lut, counts, blkq, blkk, is_causal, scale, pv_th
     return q.new_empty(q.shape), _lse(q, tensor_layout, return_lse, "sparge.block_sparse_attn")
 
 
+@torch.library.register_fake("sparge::sparge_attn_fp8")
+def _sparge_attn_fp8(q, k, v, topk, cdfthreshd, simthreshd1, blkq, blkk, is_causal, attention_sink, smooth_k, scale,
+                     pv_threshold, tensor_layout, return_lse):
+    lut, counts = _block_map(q, k, topk, cdfthreshd, simthreshd1, blkq, blkk, is_causal, attention_sink, smooth_k,
+                             scale, tensor_layout)
+    return q.new_empty(q.shape), _lse(q, tensor_layout, return_lse, "sparge.sparge_attn"), lut, counts
+
+
 @torch.library.register_fake("sparge::dense_attn")
 def _dense_attn(q, k, v, is_causal, scale, tensor_layout, return_lse):
     return q.new_empty(q.shape), _lse(q, tensor_layout, return_lse, "sparge.dense_attn")

@@ -170,12 +170,20 @@ def sparge_attn(q, k, v, topk=None, cdfthreshd=None, simthreshd1=None, pvthreshd
     b, sq, sk, _ = _dims(q, k, tensor_layout, op)
     blkq, blkk = _check_block(blkq, op, "blkq"), _check_block(blkk, op, "blkk")
     s = _scale(scale, op)
-    lut, counts = _ops.block_map(q, k, _per_head(topk, op, "topk"), _per_head(cdfthreshd, op, "cdfthreshd"),
-                                 _per_head(simthreshd1, op, "simthreshd1"), blkq, blkk, bool(is_causal),
-                                 bool(attention_sink), bool(smooth_k), s, tensor_layout)
-    o, lse = _ops.block_sparse_attn(q, k, v, lut, counts, blkq, blkk, bool(is_causal), s,
-                                    _per_head(pvthreshd, op, "pvthreshd"), tensor_layout, bool(return_lse),
-                                    str(recipe))
+    if recipe == "fp8" and q.is_cuda:
+        # The fold (docs/quantized.md): the block map writes the recipe's quantized Q and K while it
+        # reads them, and the attention quantizes only V.
+        o, lse, lut, counts = _ops.sparge_attn_fp8(
+            q, k, v, _per_head(topk, op, "topk"), _per_head(cdfthreshd, op, "cdfthreshd"),
+            _per_head(simthreshd1, op, "simthreshd1"), blkq, blkk, bool(is_causal), bool(attention_sink),
+            bool(smooth_k), s, _per_head(pvthreshd, op, "pvthreshd"), tensor_layout, bool(return_lse))
+    else:
+        lut, counts = _ops.block_map(q, k, _per_head(topk, op, "topk"), _per_head(cdfthreshd, op, "cdfthreshd"),
+                                     _per_head(simthreshd1, op, "simthreshd1"), blkq, blkk, bool(is_causal),
+                                     bool(attention_sink), bool(smooth_k), s, tensor_layout)
+        o, lse = _ops.block_sparse_attn(q, k, v, lut, counts, blkq, blkk, bool(is_causal), s,
+                                        _per_head(pvthreshd, op, "pvthreshd"), tensor_layout, bool(return_lse),
+                                        str(recipe))
     out = [o]
     if return_lse:
         out.append(lse)

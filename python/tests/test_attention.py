@@ -268,5 +268,16 @@ def test_fp8_recipe(device):
         assert (lse8.cpu()[finite.cpu()] - lsec[finite.cpu()]).abs().max().item() < 0.02
         o = sparge.sparge_attn(q, k, v, topk=0.5, blkq=blkq, blkk=blkk, recipe="fp8")
         assert torch.isfinite(o).all()
+        # The fold (the block map writes the quantized Q / K): close to the CPU specification on its LUT,
+        # and the same O with and without the LSE.
+        of, lsef, lutf, countsf = sparge.sparge_attn(q, k, v, topk=0.5, blkq=blkq, blkk=blkk, recipe="fp8",
+                                                     return_lse=True, return_block_map=True)
+        assert torch.equal(of, o)
+        oc, lsec = sparge.block_sparse_attn(q.cpu(), k.cpu(), v.cpu(), lutf.cpu(), countsf.cpu(), blkq=blkq,
+                                            blkk=blkk, recipe="fp8", return_lse=True)
+        assert (of.float().cpu() - oc.float()).abs().max().item() < 0.05
+        fin = torch.isfinite(lsec)
+        assert torch.equal(fin, torch.isfinite(lsef.cpu()))
+        assert (lsef.cpu()[fin] - lsec[fin]).abs().max().item() < 0.02
     with pytest.raises(ValueError, match="recipe"):
         sparge.block_sparse_attn(q, k, v, lut, counts, blkq=blkq, blkk=blkk, recipe="int8")

@@ -8,6 +8,7 @@
 // (src/cpu/quant.h), dequantized to f32, and the same fp64 walk runs over the dequantized tensors
 // (K smoothed); each row's LSE then gets its lse_shift added back (fp64, before rounding to f32).
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/attention_common.h"
@@ -118,9 +119,34 @@ void run_sparse(const BlockSparseAttentionParams& p, const double* lse_shift) {
 void run_sparse_fp8(const BlockSparseAttentionParams& p) {
   const int threads = p.exec.cpu_threads;
   const double scale = effective_scale(p.scale, p.q.shape[3]);
-  std::vector<float> km = p.smooth_k ? k_mean_host(p.k, threads)
-                                     : std::vector<float>(static_cast<size_t>(p.k.shape[0] * p.k.shape[2] * p.k.shape[3]), 0.0f);
-  const QuantHost qh = quantize_host(p.q, p.k, p.v, p.blkk, p.smooth_k, scale, std::move(km), threads);
+  QuantHost qh;
+  if (const QuantizedQK& in = p.maybe_fp8_qk; in.present()) {
+    // Q and K come quantized (by build_block_map; contiguous, validated): their bytes and scales as
+    // given, the LSE shift from the original q and the given k_mean, V quantized here.
+    qh.b = p.q.shape[0];
+    qh.sq = p.q.shape[1];
+    qh.hq = p.q.shape[2];
+    qh.d = p.q.shape[3];
+    qh.sk = p.k.shape[1];
+    qh.hk = p.k.shape[2];
+    qh.blkk = p.blkk;
+    const auto take = [](const Tensor& t, auto& v) {
+      const auto* src = static_cast<const std::remove_cvref_t<decltype(v[0])>*>(t.data);
+      v.assign(src, src + t.numel());
+    };
+    take(in.q8, qh.q8);
+    take(in.q_scale, qh.q_scale);
+    take(in.k8, qh.k8);
+    take(in.k_scale, qh.k_scale);
+    take(in.k_mean, qh.k_mean);
+    qh.lse_shift = p.smooth_k ? lse_shift_host(p.q, qh.k_mean, qh.hk, scale, threads)
+                              : std::vector<double>(static_cast<size_t>(qh.b * qh.hq * qh.sq), 0.0);
+    quantize_v_host(p.v, qh, threads);
+  } else {
+    std::vector<float> km = p.smooth_k ? k_mean_host(p.k, threads)
+                                       : std::vector<float>(static_cast<size_t>(p.k.shape[0] * p.k.shape[2] * p.k.shape[3]), 0.0f);
+    qh = quantize_host(p.q, p.k, p.v, p.blkk, p.smooth_k, scale, std::move(km), threads);
+  }
   Dequantized dq = dequantize_host(qh, threads);
   BlockSparseAttentionParams pd = p;
   pd.recipe = Recipe::none;

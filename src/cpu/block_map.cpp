@@ -7,6 +7,7 @@
 //   3. per (sequence, query head, query block): pooled Q, its self-similarity, the scores over the
 //      visible key blocks, the selection (block_map_select.h) and the lut / counts row.
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15,6 +16,7 @@
 #include "cpu/block_map_select.h"
 #include "cpu/cpu.h"
 #include "cpu/parallel.h"
+#include "cpu/quant.h"
 #include "sparge/half.h"
 #include "validate/validate.h"
 
@@ -242,6 +244,22 @@ Status build_block_map(const BlockMapParams& p) {
       p.maybe_q_sim.ptr<float>()[p.maybe_q_sim.offset(s, h, qb)] = static_cast<float>(q_sim);
     }
   });
+
+  // The fp8 recipe's Q and K (docs/quantized.md), K smoothed with this block map's own mean
+  // rounded to f32 (no varlen: validation). The outputs are contiguous.
+  if (const QuantizedQK& out = p.maybe_fp8_qk; out.present()) {
+    std::vector<float> km(k_mean.size());
+    for (size_t i = 0; i < km.size(); ++i) km[i] = static_cast<float>(k_mean[i]);
+    const QuantHost qh = quantize_qk_host(p.q, p.k, p.blkk, p.smooth_k, scale, std::move(km), threads, false);
+    const auto put = [](const Tensor& t, const auto& v) {
+      std::copy(v.begin(), v.end(), static_cast<std::remove_cvref_t<decltype(v[0])>*>(t.data));
+    };
+    put(out.q8, qh.q8);
+    put(out.q_scale, qh.q_scale);
+    put(out.k8, qh.k8);
+    put(out.k_scale, qh.k_scale);
+    put(out.k_mean, qh.k_mean);
+  }
   return {};
 }
 

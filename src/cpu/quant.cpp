@@ -31,8 +31,24 @@ std::vector<float> k_mean_host(const Tensor& k, int threads) {
   return mean;
 }
 
-QuantHost quantize_host(const Tensor& q, const Tensor& k, const Tensor& v, int blkk, bool smooth_k, double scale,
-                        std::vector<float> k_mean, int threads) {
+std::vector<double> lse_shift_host(const Tensor& q, const std::vector<float>& k_mean, std::int64_t hk, double scale,
+                                   int threads) {
+  const std::int64_t nb = q.shape[0], sq = q.shape[1], hq = q.shape[2], d = q.shape[3], group = hq / hk;
+  std::vector<double> shift(static_cast<size_t>(nb * hq * sq), 0.0);
+  parallel_for(nb * hq, threads, [&](std::int64_t bh) {
+    const std::int64_t b = bh / hq, h = bh % hq;
+    const float* km = k_mean.data() + (b * hk + h / group) * d;
+    std::vector<float> row(static_cast<size_t>(d));
+    for (std::int64_t i = 0; i < sq; ++i) {
+      for (std::int64_t e = 0; e < d; ++e) row[e] = at(q, b, i, h, e);
+      shift[static_cast<size_t>(bh * sq + i)] = quant::lse_shift(row.data(), km, static_cast<int>(d), scale);
+    }
+  });
+  return shift;
+}
+
+QuantHost quantize_qk_host(const Tensor& q, const Tensor& k, int blkk, bool smooth_k, double scale,
+                           std::vector<float> k_mean, int threads, bool with_lse_shift) {
   QuantHost r;
   r.b = q.shape[0];
   r.sq = q.shape[1];
@@ -41,21 +57,16 @@ QuantHost quantize_host(const Tensor& q, const Tensor& k, const Tensor& v, int b
   r.sk = k.shape[1];
   r.hk = k.shape[2];
   r.blkk = blkk;
-  const std::int64_t d = r.d, sq = r.sq, sk = r.sk, hq = r.hq, hk = r.hk, group = hq / hk;
+  const std::int64_t d = r.d, sq = r.sq, sk = r.sk, hq = r.hq, hk = r.hk;
   r.k_mean = std::move(k_mean);
   r.q8.assign(static_cast<size_t>(r.b * hq * sq * d), 0);
   r.k8.assign(static_cast<size_t>(r.b * hk * sk * d), 0);
-  r.v8t.assign(static_cast<size_t>(r.b * hk * d * r.sk_pad()), 0);
   r.q_scale.assign(static_cast<size_t>(r.b * hq * sq), 0.0f);
-  r.lse_shift.assign(static_cast<size_t>(r.b * hq * sq), 0.0);
   r.k_scale.assign(static_cast<size_t>(r.b * hk * r.nkb()), 0.0f);
-  r.v_scale.assign(static_cast<size_t>(r.b * hk * d), 0.0f);
 
-  // Q: one scale per row; the LSE shift from the original (unquantized) row and the mean of the
-  // kv head this query head reads.
+  // Q: one scale per row.
   parallel_for(r.b * hq, threads, [&](std::int64_t bh) {
     const std::int64_t b = bh / hq, h = bh % hq;
-    const float* km = r.k_mean.data() + (b * hk + h / group) * d;
     std::vector<float> row(static_cast<size_t>(d));
     for (std::int64_t i = 0; i < sq; ++i) {
       std::uint32_t amax = 0;
@@ -67,14 +78,17 @@ QuantHost quantize_host(const Tensor& q, const Tensor& k, const Tensor& v, int b
       std::uint8_t* out = r.q8.data() + (bh * sq + i) * d;
       for (std::int64_t e = 0; e < d; ++e) out[e] = quant::quantize(row[e], s.inv);
       r.q_scale[static_cast<size_t>(bh * sq + i)] = s.scale;
-      r.lse_shift[static_cast<size_t>(bh * sq + i)] =
-          smooth_k ? quant::lse_shift(row.data(), km, static_cast<int>(d), scale) : 0.0;
     }
   });
+  // The LSE shift from the original (unquantized) rows and the mean of the kv head each query
+  // head reads.
+  if (with_lse_shift) {
+    r.lse_shift = smooth_k ? lse_shift_host(q, r.k_mean, hk, scale, threads)
+                           : std::vector<double>(static_cast<size_t>(r.b * hq * sq), 0.0);
+  }
 
-  // K: one scale per key block of blkk keys over its valid rows, after smoothing. V: one scale
-  // per channel over the whole sequence, stored transposed with the keys permuted in groups of 32.
-  const std::int64_t nkb = r.nkb(), pad = r.sk_pad();
+  // K: one scale per key block of blkk keys over its valid rows, after smoothing.
+  const std::int64_t nkb = r.nkb();
   parallel_for(r.b * hk, threads, [&](std::int64_t bh) {
     const std::int64_t b = bh / hk, h = bh % hk;
     const float* km = r.k_mean.data() + bh * d;
@@ -94,6 +108,18 @@ QuantHost quantize_host(const Tensor& q, const Tensor& k, const Tensor& v, int b
       for (std::int64_t i = 0; i < n * d; ++i) out[i] = quant::quantize(ks[i], s.inv);
       r.k_scale[static_cast<size_t>(bh * nkb + kb)] = s.scale;
     }
+  });
+  return r;
+}
+
+void quantize_v_host(const Tensor& v, QuantHost& r, int threads) {
+  const std::int64_t d = r.d, sk = r.sk, hk = r.hk, pad = r.sk_pad();
+  r.v8t.assign(static_cast<size_t>(r.b * hk * d * pad), 0);
+  r.v_scale.assign(static_cast<size_t>(r.b * hk * d), 0.0f);
+  // One scale per channel over the whole sequence, stored transposed with the keys permuted in
+  // groups of 32.
+  parallel_for(r.b * hk, threads, [&](std::int64_t bh) {
+    const std::int64_t b = bh / hk, h = bh % hk;
     for (std::int64_t e = 0; e < d; ++e) {
       std::uint32_t amax = 0;
       for (std::int64_t j = 0; j < sk; ++j) amax = std::max(amax, quant::abs_bits(at(v, b, j, h, e)));
@@ -106,6 +132,12 @@ QuantHost quantize_host(const Tensor& q, const Tensor& k, const Tensor& v, int b
       r.v_scale[static_cast<size_t>(bh * d + e)] = s.scale;
     }
   });
+}
+
+QuantHost quantize_host(const Tensor& q, const Tensor& k, const Tensor& v, int blkk, bool smooth_k, double scale,
+                        std::vector<float> k_mean, int threads) {
+  QuantHost r = quantize_qk_host(q, k, blkk, smooth_k, scale, std::move(k_mean), threads, true);
+  quantize_v_host(v, r, threads);
   return r;
 }
 

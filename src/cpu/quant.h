@@ -32,6 +32,15 @@ std::vector<float> k_mean_host(const Tensor& k, int threads);
 QuantHost quantize_host(const Tensor& q, const Tensor& k, const Tensor& v, int blkk, bool smooth_k, double scale,
                         std::vector<float> k_mean, int threads);
 
+// The pieces of quantize_host: Q and K only (v8t and v_scale left empty; lse_shift only with
+// with_lse_shift: what build_block_map writes for the recipe), V alone into r (r's shape fields
+// set), and the LSE shift alone (scale * q . k_mean of the kv head a query head reads, fp64).
+QuantHost quantize_qk_host(const Tensor& q, const Tensor& k, int blkk, bool smooth_k, double scale,
+                           std::vector<float> k_mean, int threads, bool with_lse_shift);
+void quantize_v_host(const Tensor& v, QuantHost& r, int threads);
+std::vector<double> lse_shift_host(const Tensor& q, const std::vector<float>& k_mean, std::int64_t hk, double scale,
+                                   int threads);
+
 // The dequantized tensors, contiguous f32 in the logical layouts: q [B, Sq, Hq, D], k (smoothed)
 // and v (unpermuted) [B, Sk, Hk, D].
 struct Dequantized {

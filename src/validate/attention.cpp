@@ -103,6 +103,12 @@ Status validate(const BlockSparseAttentionParams& p) {
   SPARGE_RETURN_IF_ERROR(check_dim(kSparse, "counts", p.counts, 1, d.hq, "q.shape[2] (Hq)"));
   SPARGE_RETURN_IF_ERROR(check_dim(kSparse, "counts", p.counts, 2, nq, nq_what));
   SPARGE_RETURN_IF_ERROR(check_strides(kSparse, "counts", p.counts, true));
+  if (p.maybe_fp8_qk.present()) {
+    if (p.recipe != Recipe::fp8) {
+      return bad(kSparse, "maybe_fp8_qk is given with recipe = ", to_string(p.recipe), " (it is an input of recipe = fp8 only)");
+    }
+    SPARGE_RETURN_IF_ERROR(check_quantized_qk(kSparse, "maybe_fp8_qk", p.maybe_fp8_qk, d, p.blkk, p.smooth_k, p.varlen));
+  }
   if (p.exec.backend == Backend::cpu) SPARGE_RETURN_IF_ERROR(check_lut_host(p, d, nq, nk));
   return {};
 }

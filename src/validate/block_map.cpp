@@ -71,6 +71,9 @@ Status validate(const BlockMapParams& p) {
     SPARGE_RETURN_IF_ERROR(check_output("maybe_k_sim", p.maybe_k_sim, DType::f32, {d.batch, d.hk, nk},
                                         {batch, "k.shape[2] (Hk)", nk_what}));
   }
+  if (p.maybe_fp8_qk.present()) {
+    SPARGE_RETURN_IF_ERROR(check_quantized_qk(kOp, "maybe_fp8_qk", p.maybe_fp8_qk, d, p.blkk, p.smooth_k, p.varlen));
+  }
   return {};
 }
 

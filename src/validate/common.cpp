@@ -161,4 +161,45 @@ Status check_varlen_host(const char* op, const Varlen& varlen, std::int64_t tota
   return {};
 }
 
+Status check_quantized_qk(const char* op, const char* name, const QuantizedQK& qk, const Dims& d, int blkk,
+                          bool smooth_k, const Varlen& varlen) {
+  if (varlen.enabled()) return unsupported(cat(op, ": ", name, " with varlen is not supported (the fp8 recipe has no varlen)"));
+  if (qk.blkk != blkk) return bad(op, name, ".blkk = ", qk.blkk, " differs from blkk = ", blkk);
+  if (qk.smooth_k != smooth_k) return bad(op, name, ".smooth_k = ", qk.smooth_k, " differs from smooth_k = ", smooth_k);
+  const std::int64_t nk = num_blocks(d.sk, blkk);
+  struct Part {
+    const char* field;
+    const Tensor* t;
+    DType dtype;
+    int ndim;
+    std::int64_t shape[4];
+    const char* what[4];
+  };
+  const Part parts[] = {
+      {"q8", &qk.q8, DType::u8, 4, {d.batch, d.hq, d.sq, d.d}, {"q.shape[0] (B)", "q.shape[2] (Hq)", "q.shape[1] (Sq)", "q.shape[3] (D)"}},
+      {"q_scale", &qk.q_scale, DType::f32, 3, {d.batch, d.hq, d.sq, 0}, {"q.shape[0] (B)", "q.shape[2] (Hq)", "q.shape[1] (Sq)", ""}},
+      {"k8", &qk.k8, DType::u8, 4, {d.batch, d.hk, d.sk, d.d}, {"k.shape[0] (B)", "k.shape[2] (Hk)", "k.shape[1] (Sk)", "k.shape[3] (D)"}},
+      {"k_scale", &qk.k_scale, DType::f32, 3, {d.batch, d.hk, nk, 0}, {"k.shape[0] (B)", "k.shape[2] (Hk)", "NK = ceil(Sk / blkk)", ""}},
+      {"k_mean", &qk.k_mean, DType::f32, 3, {d.batch, d.hk, d.d, 0}, {"k.shape[0] (B)", "k.shape[2] (Hk)", "k.shape[3] (D)", ""}},
+  };
+  for (const Part& part : parts) {
+    const std::string full = cat(name, ".", part.field);
+    const Tensor& t = *part.t;
+    SPARGE_RETURN_IF_ERROR(check_tensor(op, full.c_str(), t, part.ndim, {part.dtype}));
+    for (int i = 0; i < part.ndim; ++i) {
+      SPARGE_RETURN_IF_ERROR(check_dim(op, full.c_str(), t, i, part.shape[i], part.what[i]));
+    }
+    // Contiguous row-major (the fp8 kernel loads q8 / k8 with TMA maps of that layout).
+    std::int64_t want = 1;
+    for (int j = t.ndim - 1; j >= 0; --j) {
+      if (t.shape[j] > 1 && t.stride[j] != want) {
+        return bad(op, full, ".stride[", j, "] = ", t.stride[j], " (expected ", want,
+                   ": the buffer must be contiguous row-major)");
+      }
+      want *= t.shape[j];
+    }
+  }
+  return {};
+}
+
 }  // namespace sparge::detail

@@ -103,6 +103,12 @@ struct Dims {
 };
 Dims attention_dims(const Tensor& q, const Tensor& k, const Varlen& varlen);
 
+// The fp8 recipe's quantized Q and K (`name`, e.g. "maybe_fp8_qk") for a problem of dims `d`: the
+// dtypes, exact contiguous shapes, and qk.blkk / qk.smooth_k equal to the operation's own; varlen
+// is unsupported.
+Status check_quantized_qk(const char* op, const char* name, const QuantizedQK& qk, const Dims& d, int blkk,
+                          bool smooth_k, const Varlen& varlen);
+
 Status validate(const BlockMapParams& p);
 Status validate(const BlockSparseAttentionParams& p);
 Status validate(const DenseAttentionParams& p);

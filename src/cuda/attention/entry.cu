@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "cuda/attention/launch.h"
 #include "cuda/attention/sm90/launch.h"
@@ -407,6 +408,14 @@ Status select_fp8(const BlockSparseAttentionParams& p, const Fp8Variant** out) {
     return unsupported(detail::cat(op, ": recipe = fp8 supports blkq = 128 on cuda (got blkq = ", p.blkq, ")"));
   }
   SPARGE_RETURN_IF_ERROR(check_io(sparse_problem(p), false));
+  if (const QuantizedQK& f = p.maybe_fp8_qk; f.present()) {
+    // The kernel loads q8 / k8 with TMA (16-byte aligned global addresses).
+    for (const auto& [name, t] : {std::pair{"maybe_fp8_qk.q8", &f.q8}, std::pair{"maybe_fp8_qk.k8", &f.k8}}) {
+      if (reinterpret_cast<std::uintptr_t>(t->data) % 16 != 0) {
+        return invalid_argument(detail::cat(op, ": ", name, ".data = ", t->data, " is not 16-byte aligned (the CUDA backend needs it)"));
+      }
+    }
+  }
   const Fp8Variant* chosen = nullptr;
   for (const Fp8Variant& v : kFp8Variants) {
     if (v.dtype == p.q.dtype && v.blkk == p.blkk) chosen = &v;
@@ -435,13 +444,21 @@ Status run_fp8(const BlockSparseAttentionParams& p) {
   if (tiles == 0) return {};
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
 
-  // One scratch allocation for the prepass's buffers, each 256-byte aligned.
+  // One scratch allocation for the prepass's buffers, each 256-byte aligned. With Q and K given
+  // quantized (maybe_fp8_qk, from build_block_map) only V's buffers, and the LSE shift's when the
+  // LSE is returned with smooth_k (O does not depend on it).
+  const QuantizedQK& given = p.maybe_fp8_qk;
+  const bool folded = given.present();
+  const bool want_shift = p.smooth_k && (!folded || p.maybe_lse.present());
+  const bool shift_buf = !folded || want_shift;  // quantize_qkv writes lse_shift (zeros without smooth_k)
   const quant::QuantShape qs = quant::quant_shape(p);
   const auto align = [](std::int64_t n) { return (n + 255) / 256 * 256; };
-  const std::int64_t n_q = align(qs.q8_bytes()), n_k = align(qs.k8_bytes()), n_v = align(qs.v8t_bytes());
-  const std::int64_t n_rows = align(qs.b * qs.hq * qs.sq * 4), n_kb = align(qs.b * qs.hk * qs.nkb() * 4),
+  const std::int64_t n_q = folded ? 0 : align(qs.q8_bytes()), n_k = folded ? 0 : align(qs.k8_bytes()),
+                     n_v = align(qs.v8t_bytes());
+  const std::int64_t n_rows = align(qs.b * qs.hq * qs.sq * 4), n_kb = folded ? 0 : align(qs.b * qs.hk * qs.nkb() * 4),
                      n_ch = align(qs.b * qs.hk * qs.d * 4);
-  const std::int64_t total = n_q + n_k + n_v + 2 * n_rows + n_kb + 2 * n_ch;
+  const std::int64_t total = n_q + n_k + n_v + (folded ? 0 : n_rows) + (shift_buf ? n_rows : 0) + n_kb +
+                             (folded ? 1 : 2) * n_ch;
   unsigned char* scratch = nullptr;
   if (scratch_alloc(reinterpret_cast<void**>(&scratch), static_cast<std::size_t>(total), stream) != cudaSuccess) {
     const cudaError_t err = cudaGetLastError();
@@ -454,15 +471,22 @@ Status run_fp8(const BlockSparseAttentionParams& p) {
     at += n;
     return r;
   };
-  qb.q8 = take(n_q);
-  qb.k8 = take(n_k);
   qb.v8t = take(n_v);
-  qb.q_scale = reinterpret_cast<float*>(take(n_rows));
-  qb.lse_shift = reinterpret_cast<float*>(take(n_rows));
-  qb.k_scale = reinterpret_cast<float*>(take(n_kb));
   qb.v_scale = reinterpret_cast<float*>(take(n_ch));
-  qb.k_mean = reinterpret_cast<float*>(take(n_ch));
-
+  qb.lse_shift = shift_buf ? reinterpret_cast<float*>(take(n_rows)) : nullptr;
+  if (folded) {
+    qb.q8 = static_cast<std::uint8_t*>(given.q8.data);
+    qb.k8 = static_cast<std::uint8_t*>(given.k8.data);
+    qb.q_scale = static_cast<float*>(given.q_scale.data);
+    qb.k_scale = static_cast<float*>(given.k_scale.data);
+    qb.k_mean = static_cast<float*>(given.k_mean.data);
+  } else {
+    qb.q8 = take(n_q);
+    qb.k8 = take(n_k);
+    qb.q_scale = reinterpret_cast<float*>(take(n_rows));
+    qb.k_scale = reinterpret_cast<float*>(take(n_kb));
+    qb.k_mean = reinterpret_cast<float*>(take(n_ch));
+  }
   float* thr_dev = nullptr;
   const Status st = [&]() -> Status {
     attn::sm90::Sm90Params sp;
@@ -471,7 +495,16 @@ Status run_fp8(const BlockSparseAttentionParams& p) {
         !attn::sm90::encode_fp8_vt_map(&sp.v_map, qb.v8t, qs.b, qs.hk, qs.sk_pad())) {
       return runtime_error(detail::cat(op, ": encoding the fp8 TMA tensor maps failed"));
     }
-    if (const cudaError_t err = quant::quantize_qkv(p, qb, stream); err != cudaSuccess) {
+    if (folded) {
+      if (const cudaError_t err = quant::quantize_v(p, qb, stream); err != cudaSuccess) {
+        return runtime_error(detail::cat(op, ": the fp8 V prepass failed: ", cudaGetErrorString(err)));
+      }
+      if (want_shift) {
+        if (const cudaError_t err = quant::lse_shift(p, qb.k_mean, qb.lse_shift, stream); err != cudaSuccess) {
+          return runtime_error(detail::cat(op, ": the fp8 LSE shift failed: ", cudaGetErrorString(err)));
+        }
+      }
+    } else if (const cudaError_t err = quant::quantize_qkv(p, qb, stream); err != cudaSuccess) {
       return runtime_error(detail::cat(op, ": the fp8 quantization prepass failed: ", cudaGetErrorString(err)));
     }
     SPARGE_RETURN_IF_ERROR(fill_sparse(p, kp, &thr_dev, stream));
@@ -479,7 +512,7 @@ Status run_fp8(const BlockSparseAttentionParams& p) {
     sp.q_scale = qb.q_scale;
     sp.k_scale = qb.k_scale;
     sp.v_scale = qb.v_scale;
-    sp.lse_shift = p.smooth_k ? qb.lse_shift : nullptr;
+    sp.lse_shift = want_shift ? qb.lse_shift : nullptr;
     sp.nkb = static_cast<int>(qs.nkb());
     if (const cudaError_t err = kern->launch(sp, static_cast<int>(tiles), stream); err != cudaSuccess) {
       return runtime_error(detail::cat(op, ": fp8 kernel launch failed: ", cudaGetErrorString(err)));

@@ -70,6 +70,14 @@ Status plan(const BlockMapParams& p, Plan& out) {
     return unsupported(detail::cat(kOp, ": NK = ", g.nk, " key blocks per row (Sk = ", dims.sk, ", blkk = ", p.blkk,
                                    ") exceed the CUDA selection limit of ", kMaxKeyBlocks));
   }
+  if (const QuantizedQK& f = p.maybe_fp8_qk; f.present()) {
+    // The kernels store 8 bytes per lane and row (and the fp8 attention loads these with TMA).
+    for (const auto& [name, t] : {std::pair{"maybe_fp8_qk.q8", &f.q8}, std::pair{"maybe_fp8_qk.k8", &f.k8}}) {
+      if (reinterpret_cast<std::uintptr_t>(t->data) % 16 != 0) {
+        return invalid_argument(detail::cat(kOp, ": ", name, ".data = ", t->data, " is not 16-byte aligned (the CUDA backend needs it)"));
+      }
+    }
+  }
   out.select_smem = select_smem_bytes(g.nk);
   int dev = 0, optin = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -249,11 +257,27 @@ Status build_block_map(const BlockMapParams& p) {
     if (e != cudaSuccess) return fail(e);
   }
 
+  // The fp8 recipe's Q and K (opt-in): written by the pooling passes; with smooth_k the K mean is
+  // computed straight into the output (the scratch region stays unused), without it the output
+  // is zeros.
+  Fp8Out fp8;
+  if (const QuantizedQK& f = p.maybe_fp8_qk; f.present()) {
+    fp8 = {static_cast<std::uint8_t*>(f.q8.data), static_cast<float*>(f.q_scale.data),
+           static_cast<std::uint8_t*>(f.k8.data), static_cast<float*>(f.k_scale.data)};
+    if (p.smooth_k) {
+      s.k_mean = static_cast<float*>(f.k_mean.data);
+    } else if ((e = cudaMemsetAsync(f.k_mean.data, 0, static_cast<std::size_t>(g.nseq * g.hk * g.d) * sizeof(float),
+                                    stream)) != cudaSuccess) {
+      phase = "zeroing maybe_fp8_qk.k_mean";
+      return fail(e);
+    }
+  }
+
   StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
   phase = "the pooling (K mean, Q and K blocks)";
   if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim), out_of<float>(p.maybe_k_sim),
-                          stream, timer.marks())) != cudaSuccess) {
+                          stream, timer.marks(), fp8)) != cudaSuccess) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;

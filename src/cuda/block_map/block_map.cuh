@@ -94,15 +94,28 @@ struct Marks {
   }
 };
 
+// The fp8 recipe's Q and K bytes that the pooling writes on the way (BlockMapParams::maybe_fp8_qk,
+// contiguous, 16-byte aligned; docs/quantized.md): q8 [nseq, hq, sq, D] and q_scale [nseq, hq, sq]
+// per Q row, k8 [nseq, hk, sk, D] and k_scale [nseq, hk, nk] per K block after the K-mean shift.
+// All null: not written.
+struct Fp8Out {
+  std::uint8_t* q8 = nullptr;
+  float* q_scale = nullptr;
+  std::uint8_t* k8 = nullptr;
+  float* k_scale = nullptr;
+};
+
 // Launchers (each checks its launch with cudaGetLastError and returns the error).
 // dtype_bf16 picks the element type of q / k.
 // Pools Q (heads = hq, blocks of blkq) and K (heads = hk, blocks of blkk, shifted by the K mean
 // when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
 // similarities and the optional diagnostic outputs: one launch without smooth, else two (K mean
 // folded into the first, after a memset of s.k_done) or three (pool.cu).
+// With fp8.q8 set, pass 1's Q items also write the fp8 recipe's Q, and the K pooling items (pass
+// 2, or pass 1 without smooth) its K (the K mean is s.k_mean: the caller points it at its output).
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
-                           const Marks& marks = {});
+                           const Marks& marks = {}, const Fp8Out& fp8 = {});
 // The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into

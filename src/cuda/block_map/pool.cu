@@ -29,6 +29,7 @@
 
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/block_map/load.cuh"
+#include "quant/quant_rule.h"
 
 namespace sparge::cuda::block_map {
 
@@ -37,6 +38,29 @@ namespace {
 constexpr int kWarps = kPoolThreads / 32;
 constexpr int kBatch = 8;  // steps of 16-byte loads in flight per lane
 constexpr std::int64_t kMaxGrid = std::int64_t{1} << 30;
+
+// 8 e4m3 bytes of x * inv, in memory order (x[0] at the lowest address): the fp8 prepass's
+// encoding (src/cuda/quant/quant.cu), so the same bytes. From sm_89 on a conversion instruction per
+// pair; below, quant_rule.h's integer encoder, kept out of line there (inlined 64 times per loop
+// body of every pass kernel it made ptxas take minutes for sm_80, where the fp8 recipe's attention
+// does not run anyway).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+__device__ __noinline__ uint2 quantize8_soft(float4 a, float4 b, float inv) {
+  const auto e = [inv](float x) { return static_cast<std::uint32_t>(::sparge::quant::e4m3_encode_soft(x * inv)); };
+  return make_uint2(e(a.x) | (e(a.y) << 8) | (e(a.z) << 16) | (e(a.w) << 24),
+                    e(b.x) | (e(b.y) << 8) | (e(b.z) << 16) | (e(b.w) << 24));
+}
+#endif
+__device__ __forceinline__ uint2 quantize8(const float (&x)[8], float inv) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  return quantize8_soft(make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]), inv);
+#else
+  std::uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = ::sparge::quant::e4m3x2_device(x[2 * i] * inv, x[2 * i + 1] * inv);
+  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+#endif
+}
 
 int grid_for(std::int64_t warps) {
   const std::int64_t ctas = (warps + kWarps - 1) / kWarps;
@@ -59,6 +83,12 @@ struct Segment {
   // the mean [nseq, heads, D]; null: no fold.
   unsigned* done = nullptr;
   float* mean = nullptr;
+  // The fp8 recipe's quantized rows (BlockMapParams::maybe_fp8_qk; pool segments only), or null:
+  // Q rows quantized per row into f8 [nseq, heads, rows, D] with f8_scale [nseq, heads, rows]; K
+  // (after the shift) per item (= per key block of blkk keys) with f8_scale [nseq, heads, nblk].
+  std::uint8_t* f8 = nullptr;
+  float* f8_scale = nullptr;
+  std::int64_t f8_rows = 0;  // rows per sequence (Sq or Sk)
 };
 
 struct PassArgs {
@@ -143,6 +173,11 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       for (int j = 0; j < 8; ++j) shift[j] = sg.shift[(si * sg.heads + h) * g.d + sub * 8 + j];
     }
     float sum[8] = {}, unit[8] = {};
+    // The fp8 recipe's outputs (pool segments with sg.f8): a Q item's rows are quantized as they
+    // are added up; a K item's maximum is taken here and the block quantized after the loop.
+    const bool f8 = pool && sg.f8 != nullptr;
+    const std::int64_t f8_row0 = (si * sg.heads + h) * sg.f8_rows + b * sg.blk;  // the item's first row
+    std::uint32_t f8_amax = 0;
     // FULL: every row of the batch is in the item (warp-uniform), so no per-row checks: a lane
     // past the row's D / 8 columns loaded zeros and has a zero shift, so it adds zeros. The
     // arithmetic on a valid row is the same either way (same bits).
@@ -171,6 +206,24 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         // |row|^2 over the LANES lanes of the row (every lane of the warp takes part).
 #pragma unroll
         for (int xm = LANES / 2; xm > 0; xm >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, xm);
+        if (f8) {  // warp-uniform: the fp8 recipe's bytes (docs/quantized.md)
+          std::uint32_t m = 0;  // max |x| as bits (rows and lanes past the data hold zeros)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) m = max(m, ::sparge::quant::abs_bits(v[j]));
+          if (sg.is_k) {
+            f8_amax = max(f8_amax, m);  // the block's maximum; quantized after the item
+          } else {
+            // A Q row: its maximum over the row's LANES lanes, its scale, its 8 bytes per lane.
+#pragma unroll
+            for (int xm = LANES / 2; xm > 0; xm >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, xm));
+            if (valid && col_ok) {
+              const ::sparge::quant::Pow2Scale sc = ::sparge::quant::pow2_scale(m);
+              const std::int64_t row = f8_row0 + s0 + u * kRowsPerStep + grp;
+              *reinterpret_cast<uint2*>(sg.f8 + row * g.d + sub * 8) = quantize8(v, sc.inv);
+              if (sub == 0) sg.f8_scale[row] = sc.scale;
+            }
+          }
+        }
         if (valid) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) sum[j] += v[j];
@@ -268,6 +321,34 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       if (sg.maybe_sim.data != nullptr) {
         const Out<float>& m = sg.maybe_sim;
         m.data[si * m.stride[0] + h * m.stride[1] + b * m.stride[2]] = sim;
+      }
+    }
+    if (f8 && sg.is_k) {
+      // The K block's scale from its maximum (over the warp), then a second read of the block
+      // (just read: from L2), shifted as above and quantized, two batches of loads at a time.
+      const ::sparge::quant::Pow2Scale sc = ::sparge::quant::pow2_scale(__reduce_max_sync(0xffffffffu, f8_amax));
+      if (lane == 0) sg.f8_scale[o] = sc.scale;
+      const auto put = [&](const uint4 (&raw)[kBatch], int s0) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int r = s0 + u * kRowsPerStep + grp;
+          if (col_ok && r < n) {
+            float v[8];
+            unpack8<T>(raw[u], v);
+            if constexpr (SHIFT) {
+#pragma unroll
+              for (int j = 0; j < 8; ++j) v[j] -= shift[j];
+            }
+            *reinterpret_cast<uint2*>(sg.f8 + (f8_row0 + r) * g.d + sub * 8) = quantize8(v, sc.inv);
+          }
+        }
+      };
+      for (int s0 = 0; s0 < n; s0 += 2 * kRowsPerBatch) {
+        uint4 r0[kBatch], r1[kBatch];
+        fetch(r0, s0);
+        fetch(r1, s0 + kRowsPerBatch);
+        put(r0, s0);
+        put(r1, s0 + kRowsPerBatch);
       }
     }
   }
@@ -610,7 +691,15 @@ cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is
 
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
-                           const Marks& marks) {
+                           const Marks& marks, const Fp8Out& fp8) {
+  const auto with_f8 = [&](Segment sg) {  // a pool segment that also writes the fp8 recipe's rows
+    if (fp8.q8 != nullptr) {
+      sg.f8 = sg.is_k ? fp8.k8 : fp8.q8;
+      sg.f8_scale = sg.is_k ? fp8.k_scale : fp8.q_scale;
+      sg.f8_rows = sg.is_k ? g.sk : g.sq;
+    }
+    return sg;
+  };
   PassArgs p1, p2;
   if (s.tickets != nullptr && ticket_on()) {
     const cudaError_t e = cudaMemsetAsync(s.tickets, 0, 2 * sizeof(unsigned long long), st);
@@ -619,9 +708,9 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     p2.ticket = s.tickets + 1;
   }
   p1.g = g;
-  p1.seg[0] = pool_segment(g, q, false, nullptr, s, maybe_q_sim);
+  p1.seg[0] = with_f8(pool_segment(g, q, false, nullptr, s, maybe_q_sim));
   if (!smooth) {
-    p1.seg[1] = pool_segment(g, k, true, nullptr, s, maybe_k_sim);
+    p1.seg[1] = with_f8(pool_segment(g, k, true, nullptr, s, maybe_k_sim));
     const cudaError_t e = launch_pass(bf16, p1, st);
     marks("pool Q+K");
     return e;
@@ -647,7 +736,7 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
   }
 
   p2.g = g;
-  p2.seg[0] = pool_segment(g, k, true, s.k_mean, s, maybe_k_sim);
+  p2.seg[0] = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
   e = launch_pass(bf16, p2, st);
   marks("pool K");

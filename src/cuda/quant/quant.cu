@@ -54,6 +54,7 @@ struct Args {
   std::int64_t hq, hk, sq, sk, sk_pad, nkb, nch;
   int blkk;
   bool smooth;
+  bool qk;                  // Q and K too (quantize_qkv); false: V only (quantize_v)
   double scale;             // the attention's scale (p.scale or 1/sqrt(D)), for lse_shift
   double* part;             // [B * Hk][nch][D] fp64 column sums of K per chunk (smooth_k only)
   std::uint32_t* vamax;     // [B * Hk][D] bits of max |v| (zeroed before pass 1)
@@ -97,6 +98,7 @@ __device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std
   const int tid = threadIdx.x, u = tid % U, rg = tid / U;
   const std::int64_t b = pair / a.hk, h = pair % a.hk;
   const std::int64_t j0 = chunk * kStatRows;
+  const bool ksum = a.smooth && a.qk;  // K's column sums (for k_mean)
 
   // All loads first (kRows x 2 vectors in flight per thread); keys past Sk read as zeros, which
   // change neither a sum nor a maximum.
@@ -106,7 +108,7 @@ __device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std
     const std::int64_t j = j0 + rg + i * R;
     kr[i] = vr[i] = make_uint4(0, 0, 0, 0);
     if (j < a.sk) {
-      if (a.smooth) kr[i] = load8(a.k, b, j, h, u);
+      if (ksum) kr[i] = load8(a.k, b, j, h, u);
       vr[i] = load8(a.v, b, j, h, u);
     }
   }
@@ -115,7 +117,7 @@ __device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     float x[8];
-    if (a.smooth) {
+    if (ksum) {
       unpack8<T>(kr[i], x);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(x[e]);
@@ -137,7 +139,7 @@ __device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std
       s += s_sum[r][tid];
       m = max(m, s_max[r][tid]);
     }
-    if (a.smooth) a.part[(pair * a.nch + chunk) * D + tid] = s;
+    if (ksum) a.part[(pair * a.nch + chunk) * D + tid] = s;
     if (m != 0) atomicMax(&a.vamax[pair * D + tid], m);
     __threadfence();  // this thread's partial and maximum are visible before the ticket below
   }
@@ -151,7 +153,7 @@ __device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std
     // Chunk order, 16 loads in flight at a time (the adds of 0.0 past nch leave s unchanged: s
     // starts at +0.0 and is never -0.0).
     double s = 0.0;
-    if (a.smooth) {
+    if (ksum) {
       const double* col = a.part + pair * a.nch * D + tid;
       for (std::int64_t c0 = 0; c0 < a.nch; c0 += 16) {
         double v[16];
@@ -161,7 +163,7 @@ __device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std
         for (int i = 0; i < 16; ++i) s += v[i];
       }
     }
-    a.out.k_mean[pair * D + tid] = a.smooth ? static_cast<float>(s / static_cast<double>(a.sk)) : 0.0f;
+    if (a.qk) a.out.k_mean[pair * D + tid] = a.smooth ? static_cast<float>(s / static_cast<double>(a.sk)) : 0.0f;
     a.out.v_scale[pair * D + tid] = rule::pow2_scale(__ldcg(&a.vamax[pair * D + tid])).scale;
     __threadfence();
   }
@@ -178,41 +180,13 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(const Args a, std::i
 }
 
 // ---- pass 2: KV tiles --------------------------------------------------------------------------
+// The K half of a KV tile: the smoothed values' maximum per key block, k_scale, k8.
 template <int D, class T>
-__device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::int64_t tile) {
+__device__ __forceinline__ void k_part_of_tile(const Args& a, std::int64_t pair, std::int64_t j0,
+                                               const uint4 (&kr)[kTileKeys / (kThreads / (D / 8))]) {
   constexpr int U = D / 8, R = kThreads / U, kRows = kTileKeys / R, kWarps = kThreads / 32;
   __shared__ std::uint32_t s_amax[kWarps][2];
-  __shared__ __align__(16) std::uint8_t s_v[D][kVPitch];
   const int tid = threadIdx.x, u = tid % U, rg = tid / U, lane = tid % 32, warp = tid / 32;
-  const std::int64_t b = pair / a.hk, h = pair % a.hk;
-  const std::int64_t j0 = tile * kTileKeys;
-
-  // K: thread (rg, u) holds channels [8u, 8u + 8) of keys j0 + rg + R i. V: thread t holds
-  // kVCombos (unit, quad) combinations x = t + kThreads k: unit 2 (x / 64) + x % 2, and the 4 keys
-  // whose bytes sit at positions 4 quad .. 4 quad + 3 of the tile's v8t rows, quad = (x / 2) % 32,
-  // so each channel's 4 bytes leave as one 32-bit shared-memory store (two lanes per 32-byte
-  // sector of the loads; 2-way bank conflicts on the stores).
-  constexpr int kVCombos = U * (kTileKeys / 4) / kThreads;
-  const auto v_unit = [&](int k) { return 2 * ((tid + kThreads * k) / 64) + tid % 2; };
-  const auto v_quad = [&](int k) { return ((tid + kThreads * k) / 2) % 32; };
-  const auto v_key = [&](int quad, int i) {  // key within the tile at position 4 quad + i
-    return quad / 8 * rule::kVPermGroup + rule::v_key_perm(4 * (quad % 8) + i);
-  };
-  uint4 kr[kRows], vr[kVCombos][4];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const std::int64_t j = j0 + rg + i * R;
-    kr[i] = j < a.sk ? load8(a.k, b, j, h, u) : make_uint4(0, 0, 0, 0);
-  }
-#pragma unroll
-  for (int k = 0; k < kVCombos; ++k) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const std::int64_t j = j0 + v_key(v_quad(k), i);
-      vr[k][i] = j < a.sk ? load8(a.v, b, j, h, v_unit(k)) : make_uint4(0, 0, 0, 0);
-    }
-  }
-  wait_ready(a, pair);
   float km[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
@@ -267,6 +241,21 @@ __device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::i
     for (int e = 0; e < 8; ++e) inv[e] = block_of(row) == 0 ? sc0.inv : sc1.inv;
     *reinterpret_cast<uint2*>(a.out.k8 + (pair * a.sk + j) * D + u * 8) = quantize8(x, inv);
   }
+}
+
+// The V half of a KV tile.
+template <int D, class T>
+__device__ __forceinline__ void v_part_of_tile(const Args& a, std::int64_t pair, std::int64_t j0,
+                                               const uint4 (&vr)[(D / 8) * (kTileKeys / 4) / kThreads][4]) {
+  constexpr int U = D / 8, kWarps = kThreads / 32;
+  __shared__ __align__(16) std::uint8_t s_v[D][kVPitch];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  constexpr int kVCombos = U * (kTileKeys / 4) / kThreads;
+  const auto v_unit = [&](int k) { return 2 * ((tid + kThreads * k) / 64) + tid % 2; };
+  const auto v_quad = [&](int k) { return ((tid + kThreads * k) / 2) % 32; };
+  const auto v_key = [&](int quad, int i) {  // key within the tile at position 4 quad + i
+    return quad / 8 * rule::kVPermGroup + rule::v_key_perm(4 * (quad % 8) + i);
+  };
 
   // V: quantize with the channel scales, transpose into s_v[d][position] (keys past Sk: zeros),
   // then each warp writes whole 128-byte rows of v8t.
@@ -301,11 +290,49 @@ __device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::i
   }
 }
 
+template <int D, class T>
+__device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::int64_t tile) {
+  constexpr int U = D / 8, R = kThreads / U, kRows = kTileKeys / R;
+  const int tid = threadIdx.x, u = tid % U, rg = tid / U;
+  const std::int64_t b = pair / a.hk, h = pair % a.hk;
+  const std::int64_t j0 = tile * kTileKeys;
+
+  // K: thread (rg, u) holds channels [8u, 8u + 8) of keys j0 + rg + R i. V: thread t holds
+  // kVCombos (unit, quad) combinations x = t + kThreads k: unit 2 (x / 64) + x % 2, and the 4 keys
+  // whose bytes sit at positions 4 quad .. 4 quad + 3 of the tile's v8t rows, quad = (x / 2) % 32,
+  // so each channel's 4 bytes leave as one 32-bit shared-memory store (two lanes per 32-byte
+  // sector of the loads; 2-way bank conflicts on the stores).
+  constexpr int kVCombos = U * (kTileKeys / 4) / kThreads;
+  const auto v_unit = [&](int k) { return 2 * ((tid + kThreads * k) / 64) + tid % 2; };
+  const auto v_quad = [&](int k) { return ((tid + kThreads * k) / 2) % 32; };
+  const auto v_key = [&](int quad, int i) {  // key within the tile at position 4 quad + i
+    return quad / 8 * rule::kVPermGroup + rule::v_key_perm(4 * (quad % 8) + i);
+  };
+  uint4 kr[kRows], vr[kVCombos][4];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const std::int64_t j = j0 + rg + i * R;
+    kr[i] = a.qk && j < a.sk ? load8(a.k, b, j, h, u) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int k = 0; k < kVCombos; ++k) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::int64_t j = j0 + v_key(v_quad(k), i);
+      vr[k][i] = j < a.sk ? load8(a.v, b, j, h, v_unit(k)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  wait_ready(a, pair);
+  if (a.qk) k_part_of_tile<D, T>(a, pair, j0, kr);
+  v_part_of_tile<D, T>(a, pair, j0, vr);
+}
+
 // ---- pass 2: Q tiles ---------------------------------------------------------------------------
 // The U lanes of a row are consecutive lanes of one warp: the row's amax is a shuffle reduction,
 // and its LSE shift adds the U chunk sums by quant_rule.h's pairwise tree (an xor butterfly).
-// Q tile `qt` of query head g of those reading kv head `pair`.
-template <int D, class T>
+// Q tile `qt` of query head g of those reading kv head `pair`. QUANT = false: the LSE shift alone
+// (lse_shift_kernel: Q and K came quantized, only the shift is wanted).
+template <int D, class T, bool QUANT = true>
 __device__ __forceinline__ void q_tile(const Args& a, std::int64_t pair, std::int64_t g, std::int64_t qt) {
   constexpr int U = D / 8, R = kThreads / U, kRows = kTileRows / R;
   const int tid = threadIdx.x, u = tid % U, rg = tid / U;
@@ -342,13 +369,15 @@ __device__ __forceinline__ void q_tile(const Args& a, std::int64_t pair, std::in
       for (int off = 1; off < U; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     }
     if (row >= a.sq) continue;
-    float inv[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) inv[e] = sc.inv;
     const std::int64_t r = (b * a.hq + h) * a.sq + row;
-    *reinterpret_cast<uint2*>(a.out.q8 + r * D + u * 8) = quantize8(x, inv);
+    if constexpr (QUANT) {
+      float inv[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) inv[e] = sc.inv;
+      *reinterpret_cast<uint2*>(a.out.q8 + r * D + u * 8) = quantize8(x, inv);
+    }
     if (u == 0) {
-      a.out.q_scale[r] = sc.scale;
+      if constexpr (QUANT) a.out.q_scale[r] = sc.scale;
       a.out.lse_shift[r] = a.smooth ? static_cast<float>(a.scale * sum) : 0.0f;
     }
   }
@@ -363,6 +392,13 @@ __device__ __forceinline__ void quant_item(const Args& a, std::int64_t pair, std
     k -= a.ntiles;
     q_tile<D, T>(a, pair, k / a.qtiles, k % a.qtiles);
   }
+}
+
+// The LSE shift alone: one CTA per Q tile (blockIdx.x = (pair * group + g) * qtiles + qt).
+template <int D, class T>
+__global__ void __launch_bounds__(kThreads, 2) lse_shift_kernel(const Args a) {
+  const std::int64_t idx = blockIdx.x, group = a.hq / a.hk;
+  q_tile<D, T, false>(a, idx / (group * a.qtiles), idx / a.qtiles % group, idx % a.qtiles);
 }
 
 // Launches variant, pass 2: one CTA per quantization item of the group's kv heads. At most 128
@@ -970,7 +1006,9 @@ QuantShape quant_shape(const BlockSparseAttentionParams& p) {
   return {p.q.shape[0], p.q.shape[2], p.k.shape[2], p.q.shape[1], p.k.shape[1], p.q.shape[3], p.blkk};
 }
 
-cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers& out, cudaStream_t stream) {
+namespace {
+// The prepass of quantize_qkv (qk) or quantize_v (!qk: V only, always the launches variant).
+cudaError_t run_prepass(const BlockSparseAttentionParams& p, const QuantBuffers& out, bool qk, cudaStream_t stream) {
   const QuantShape sh = quant_shape(p);
   const DType t = p.q.dtype;
   if ((sh.d != 64 && sh.d != 128) || sh.sk <= 0 || sh.hk <= 0 || sh.hq % sh.hk != 0 ||
@@ -979,11 +1017,11 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
   }
   const std::int64_t pairs = sh.b * sh.hk, nch = (sh.sk + kStatRows - 1) / kStatRows;
   if (pairs == 0) return cudaSuccess;
-  const std::size_t part_bytes = p.smooth_k ? static_cast<std::size_t>(pairs * nch * sh.d) * sizeof(double) : 0;
+  const std::size_t part_bytes = qk && p.smooth_k ? static_cast<std::size_t>(pairs * nch * sh.d) * sizeof(double) : 0;
   const std::size_t max_bytes = static_cast<std::size_t>(pairs * sh.d) * sizeof(std::uint32_t);
   // The counters: done[pairs], ready[pairs] (stream: then done_v[pairs], ready_v[pairs]), then the
   // ticket (8-byte aligned).
-  const Variant variant = variant_from_env();
+  const Variant variant = qk ? variant_from_env() : Variant::launches;
   const std::int64_t ncounters = (variant == Variant::stream ? 4 : 2) * pairs;
   const std::size_t done_bytes = (static_cast<std::size_t>(ncounters) * sizeof(std::uint32_t) + 7) / 8 * 8 + 8;
   void* mem = nullptr;
@@ -1004,6 +1042,7 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
   a.nch = nch;
   a.blkk = p.blkk;
   a.smooth = p.smooth_k;
+  a.qk = qk;
   a.scale = p.scale == 0.0f ? 1.0 / std::sqrt(static_cast<double>(sh.d)) : static_cast<double>(p.scale);
   a.part = reinterpret_cast<double*>(base);
   a.vamax = reinterpret_cast<std::uint32_t*>(base + part_bytes);
@@ -1014,7 +1053,7 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
   a.ticket = reinterpret_cast<unsigned long long*>(base + part_bytes + max_bytes + done_bytes - 8);
   a.ntiles = sh.sk_pad() / kTileKeys;
   a.qtiles = (sh.sq + kTileRows - 1) / kTileRows;
-  a.qper = a.ntiles + sh.hq / sh.hk * a.qtiles;
+  a.qper = qk ? a.ntiles + sh.hq / sh.hk * a.qtiles : a.ntiles;
   e = cudaMemsetAsync(base + part_bytes, 0, max_bytes + done_bytes, stream);
   if (e == cudaSuccess) {
     const bool bf = t == DType::bf16;
@@ -1026,6 +1065,47 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
   }
   const cudaError_t f = cudaFreeAsync(mem, stream);
   return e != cudaSuccess ? e : f;
+}
+}  // namespace
+
+cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers& out, cudaStream_t stream) {
+  return run_prepass(p, out, true, stream);
+}
+
+cudaError_t quantize_v(const BlockSparseAttentionParams& p, const QuantBuffers& out, cudaStream_t stream) {
+  return run_prepass(p, out, false, stream);
+}
+
+cudaError_t lse_shift(const BlockSparseAttentionParams& p, const float* k_mean, float* shift, cudaStream_t stream) {
+  const QuantShape sh = quant_shape(p);
+  const DType t = p.q.dtype;
+  if ((sh.d != 64 && sh.d != 128) || sh.hk <= 0 || sh.hq % sh.hk != 0 || (t != DType::f16 && t != DType::bf16)) {
+    return cudaErrorInvalidValue;
+  }
+  Args a{};
+  a.q = make_src(p.q);
+  a.out.k_mean = const_cast<float*>(k_mean);  // read only
+  a.out.lse_shift = shift;
+  a.hq = sh.hq;
+  a.hk = sh.hk;
+  a.sq = sh.sq;
+  a.smooth = true;
+  a.scale = p.scale == 0.0f ? 1.0 / std::sqrt(static_cast<double>(sh.d)) : static_cast<double>(p.scale);
+  a.ready = nullptr;
+  a.qtiles = (sh.sq + kTileRows - 1) / kTileRows;
+  const std::int64_t ctas = sh.b * sh.hq * a.qtiles;  // (pair * group + g) * qtiles + qt
+  if (ctas == 0) return cudaSuccess;
+  if (ctas > 0x7fffffff) return cudaErrorInvalidValue;
+  const bool bf = t == DType::bf16;
+  const auto grid = static_cast<unsigned>(ctas);
+  if (sh.d == 128) {
+    if (bf) lse_shift_kernel<128, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+    else lse_shift_kernel<128, __half><<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    if (bf) lse_shift_kernel<64, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+    else lse_shift_kernel<64, __half><<<grid, kThreads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace sparge::cuda::quant

@@ -56,6 +56,17 @@ QuantShape quant_shape(const BlockSparseAttentionParams& p);
 // bytes on every launch, whatever SPARGE_QUANT_GROUP says. Returns the first CUDA error.
 cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers& out, cudaStream_t stream);
 
+// The prepass of a call whose Q and K came quantized (BlockSparseAttentionParams::maybe_fp8_qk,
+// written by build_block_map): V alone (out.v8t, out.v_scale; the other pointers are not used), the
+// same bytes as quantize_qkv's V. One pass of V statistics and one of V tiles per group of kv heads
+// (SPARGE_QUANT_GROUP; SPARGE_QUANT_VARIANT does not apply). Same limits as quantize_qkv.
+cudaError_t quantize_v(const BlockSparseAttentionParams& p, const QuantBuffers& out, cudaStream_t stream);
+
+// lse_shift [B, Hq, Sq] = scale * p.q . k_mean[b, h / (Hq / Hk)] in the rule's fp64 order (the
+// bytes quantize_qkv writes with the same k_mean), from p.q and k_mean ([B, Hk, D] f32, device).
+// Head dims 64 and 128, f16 / bf16 q with any strides.
+cudaError_t lse_shift(const BlockSparseAttentionParams& p, const float* k_mean, float* shift, cudaStream_t stream);
+
 // Test hook: compares the rule's software e4m3 encoder with the device's conversion instruction
 // (cvt.rn.satfinite.e4m3x2.f32, sm_89 and later) over all 2^32 floats on the current device,
 // synchronously. On older devices the device path is the software encoder itself (vacuous).
