@@ -245,11 +245,17 @@ void run_gpu_case(const GCfg& c) {
   cq::QuantBuffers vonly;
   vonly.v8t = v8t_only.data();
   vonly.v_scale = v_scale_only.data();
-  ASSERT_EQ(cq::quantize_v(p, vonly, nullptr), cudaSuccess);
+  for (const char* variant : {static_cast<const char*>(nullptr), "stream"}) {  // SPARGE_QUANT_VONLY
+    ScopedEnv env("SPARGE_QUANT_VONLY", variant);
+    v8t_only.poison(), v_scale_only.poison();
+    ASSERT_EQ(cq::quantize_v(p, vonly, nullptr), cudaSuccess);
+    SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::string tag = std::string(" (V-only prepass, ") + (variant != nullptr ? variant : "launches") + ")";
+    EXPECT_EQ(first_diff(("v8t" + tag).c_str(), v8t_only.download(), v8t.download()), "");
+    EXPECT_EQ(first_diff(("v_scale" + tag).c_str(), v_scale_only.download(), v_scale.download()), "");
+  }
   if (c.smooth) ASSERT_EQ(cq::lse_shift(p, k_mean.data(), shift_only.data(), nullptr), cudaSuccess);
   SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(first_diff("v8t (V-only prepass)", v8t_only.download(), v8t.download()), "");
-  EXPECT_EQ(first_diff("v_scale (V-only prepass)", v_scale_only.download(), v_scale.download()), "");
   if (c.smooth) EXPECT_EQ(first_diff("lse_shift (shift kernel)", shift_only.download(), shift.download()), "");
   EXPECT_TRUE(v8t_only.guards_intact() && v_scale_only.guards_intact() && shift_only.guards_intact());
 
@@ -423,20 +429,29 @@ SPARGE_CASES(FoldGpu) {
                     "(+%.4f); attention quantizing Q/K/V %.3f ms, given Q/K (V prepass) %.3f ms; "
                     "pipeline unfolded %.3f ms, folded %.3f ms\n",
                     blkk, topk, map_plain, map_fp8, map_fp8 - map_plain, attn_self, attn_given, pipe_self, pipe_fold);
-        if (topk == 1.0f) {
+        if (topk == 1.0f && blkk == 64) {
           cq::QuantBuffers vb;
           DeviceGuarded<std::uint8_t> v8t(cq::quant_shape(p).v8t_bytes());
           DeviceGuarded<float> v_scale(static_cast<size_t>(c.b) * c.hk * c.d), shift(static_cast<size_t>(c.b) * c.hq * c.sq);
           vb.v8t = v8t.data();
           vb.v_scale = v_scale.data();
-          // The V-only prepass per SPARGE_QUANT_GROUP (kv heads per pair of launches; unset: all).
-          for (const char* group : {static_cast<const char*>(nullptr), "4", "8", "16"}) {
-            ScopedEnv env("SPARGE_QUANT_GROUP", group);
+          // The V-only prepass per SPARGE_QUANT_VONLY and SPARGE_QUANT_GROUP (launches: kv heads per
+          // pair of launches, unset = all; stream: kv heads per schedule group, unset = 2).
+          struct VCfg {
+            const char* variant;
+            const char* group;
+          };
+          for (const VCfg& vc : {VCfg{nullptr, nullptr}, VCfg{nullptr, "8"}, VCfg{"stream", nullptr},
+                                 VCfg{"stream", "4"}, VCfg{"stream", "1000"}}) {
+            ScopedEnv env_v("SPARGE_QUANT_VONLY", vc.variant);
+            ScopedEnv env("SPARGE_QUANT_GROUP", vc.group);
+            const char* group = vc.group;
             const double v_ms = median_ms([&] {
               return cq::quantize_v(p, vb, nullptr) == cudaSuccess ? Status{} : runtime_error("quantize_v");
             });
-            std::printf("[ bench ] fold V-only prepass group %s: %.4f ms (%.0f MB: V read twice + v8t, %.0f GB/s)\n",
-                        group != nullptr ? group : "all", v_ms, bytes_v * 1e-6, bytes_v / v_ms * 1e-6);
+            std::printf("[ bench ] fold V-only prepass %s group %s: %.4f ms (%.0f MB: V read twice + v8t, %.0f GB/s)\n",
+                        vc.variant != nullptr ? vc.variant : "launches", group != nullptr ? group : "default", v_ms,
+                        bytes_v * 1e-6, bytes_v / v_ms * 1e-6);
           }
           const double s_ms = median_ms([&] {
             return cq::lse_shift(p, qk.k_mean.data(), shift.data(), nullptr) == cudaSuccess ? Status{}

@@ -505,6 +505,7 @@ __device__ __forceinline__ StreamItem stream_decode(const Args& a, const StreamS
   const Item it = s.sch.decode(t);
   const auto pair = static_cast<std::uint32_t>(it.pair), index = static_cast<std::uint32_t>(it.index);
   const auto nch = static_cast<std::uint32_t>(a.nch), ntiles = static_cast<std::uint32_t>(a.ntiles);
+  if (!a.qk) return {it.stats ? Kind::v_stats : Kind::v_tile, pair, index};  // V only (quantize_v)
   if (it.stats) {
     if (a.smooth && index < nch) return {Kind::k_stats, pair, index};
     return {Kind::v_stats, pair, a.smooth ? index - nch : index};
@@ -671,7 +672,7 @@ __device__ __forceinline__ void stream_v_stats(const Args& a, std::int64_t pair,
   __threadfence();
   if (tid < D) {
     a.out.v_scale[pair * D + tid] = rule::pow2_scale(__ldcg(&a.vamax[pair * D + tid])).scale;
-    if (!a.smooth) a.out.k_mean[pair * D + tid] = 0.0f;
+    if (!a.smooth && a.qk) a.out.k_mean[pair * D + tid] = 0.0f;
     __threadfence();
   }
   __syncthreads();
@@ -936,6 +937,13 @@ Variant variant_from_env() {
   return v == "fused" ? Variant::fused : v == "stream" ? Variant::stream : Variant::launches;
 }
 
+// SPARGE_QUANT_VONLY (read per call): the V-only prepass (quantize_v) as `launches` (default: the
+// two passes per group) or `stream` (the persistent pipelined launch over V chunks and V tiles).
+Variant v_only_variant_from_env() {
+  const char* e = std::getenv("SPARGE_QUANT_VONLY");
+  return e != nullptr && std::string(e) == "stream" ? Variant::stream : Variant::launches;
+}
+
 template <int D, class T>
 cudaError_t launch_fused(const Args& a, std::int64_t pairs, cudaStream_t stream) {
   std::int64_t per = env_int("SPARGE_QUANT_GROUP");
@@ -959,7 +967,8 @@ cudaError_t launch_stream(const Args& a, std::int64_t pairs, cudaStream_t stream
   if (per <= 0) per = 2;
   std::int64_t ns = env_int("SPARGE_QUANT_STAGES");
   if (ns < 2 || ns > kMaxStages) ns = 3;
-  const Schedule sched{pairs, std::min(per, pairs), (a.smooth ? 2 : 1) * a.nch, a.qper + a.ntiles};
+  // Per kv head: [K chunks (smooth_k), V chunks] then [K tiles, V tiles, Q tiles]; V only: V chunks, V tiles.
+  const Schedule sched{pairs, std::min(per, pairs), (a.smooth ? 2 : 1) * a.nch, a.qk ? a.qper + a.ntiles : a.ntiles};
   // Beyond 2^31 - 1 items (about 2^38 keys and query rows at B Hk kv heads) the 32-bit decoding
   // does not apply: run the fused variant, whose bytes are the same.
   if (!Schedule32::fits32(sched)) return launch_fused<D, T>(a, pairs, stream);
@@ -1021,7 +1030,7 @@ cudaError_t run_prepass(const BlockSparseAttentionParams& p, const QuantBuffers&
   const std::size_t max_bytes = static_cast<std::size_t>(pairs * sh.d) * sizeof(std::uint32_t);
   // The counters: done[pairs], ready[pairs] (stream: then done_v[pairs], ready_v[pairs]), then the
   // ticket (8-byte aligned).
-  const Variant variant = qk ? variant_from_env() : Variant::launches;
+  const Variant variant = qk ? variant_from_env() : v_only_variant_from_env();
   const std::int64_t ncounters = (variant == Variant::stream ? 4 : 2) * pairs;
   const std::size_t done_bytes = (static_cast<std::size_t>(ncounters) * sizeof(std::uint32_t) + 7) / 8 * 8 + 8;
   void* mem = nullptr;
@@ -1041,7 +1050,7 @@ cudaError_t run_prepass(const BlockSparseAttentionParams& p, const QuantBuffers&
   a.nkb = sh.nkb();
   a.nch = nch;
   a.blkk = p.blkk;
-  a.smooth = p.smooth_k;
+  a.smooth = qk && p.smooth_k;  // V only: no K statistics
   a.qk = qk;
   a.scale = p.scale == 0.0f ? 1.0 / std::sqrt(static_cast<double>(sh.d)) : static_cast<double>(p.scale);
   a.part = reinterpret_cast<double*>(base);
