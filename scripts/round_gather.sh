@@ -2,25 +2,37 @@
 # Device round for issue #5 (gather_attention speed; helper h2). Run from the repo root after the
 # Release build of sparge_gpu_tests (SPARGE_CUDA_ARCHS=90a) in $B:
 #   B=build-dir scripts/round_gather.sh
-# About 60 s of device time (the memcheck step last: drop it if time is short). What to look for:
-#  1. "[  PASSED  ]" with no FAILED line: every GATHER correctness case, now with the
-#     SPARGE_GATHER_PREFETCH=1 paths (wgmma64 / wgmma / ws prefetch: against the fp64 oracle and
-#     bitwise against the same path without prefetch; relaunch determinism).
-#  2. "[perf fast]" rows: median ms and TFLOPS on attended keys of default / ws / *prefetch paths
-#     with both list layouts, "(bitwise)" = same bits as the default path; each followed by a
-#     "[gather profile]" line (union ms / attention ms). The question: does prefetch cut the
-#     attention part (today 0.146 ms wgmma64, 0.160 ms ws)? The "contiguous-window" rows: the same
-#     work with every group's keys contiguous (if much faster: scattered rows are the wall).
-#  3. memcheck "ERROR SUMMARY: 0 errors" on a small case (3 steps of 64 keys, hd64) that runs
-#     every path, the prefetching ones included (their key copies read 16-byte chunks).
+# About 60-80 s of device time; steps 3-4 (ncu) are optional, drop them if time is short.
+# Since the 11:20 round the defaults are: attention wgmma BM 128 with SPARGE_GATHER_PREFETCH on,
+# union clusters of >= 32 lists per CTA (kv-head lists: 2 CTAs per group). What to look for:
+#  1. "[  PASSED  ]" and no FAILED line: every GATHER correctness case under the new defaults,
+#     each prefetch / L2 / PDL / wgmma-stages=4 path vs the fp64 oracle and bitwise vs the path
+#     without it, relaunch determinism, bad lists under every union variant.
+#  2. "[perf fast]" rows (kv-head lists first, then per-query-head): "default" should be
+#     ~0.20 ms with kv-head lists (union ~0.047 + attention ~0.133 in its [gather profile] line)
+#     against "wgmma64 no prefetch (default before)" + "union_ctas=4" (~0.230); "wgmma stages=4"
+#     and "wgmma pdl" are the opt-in candidates; "(bitwise)" = same bits as the default.
+#  3. ncu of the default attention kernel and the union kernel (kv-head lists): SM / memory
+#     throughput, warp stall reasons -- what bounds the gather kernel (not needed to pass).
+#  4. ncu of the ws kernel (producer / consumer warp specialization), same sections.
 set -u
 B=${B:?set B to the build directory}
 T=$B/tests/sparge_gpu_tests
-echo "== gather correctness (prefetch paths included)"
-timeout 150 "$T" --filter='GATHER_GPU\(|GATHER_GPU_KV\(|GATHER_GPU_LONG\(|GATHER_GPU_LONG_RELAUNCH|GATHER_GPU_RELAUNCH|GATHER_GPU_KV_RELAUNCH' 2>&1 |
+echo "== gather correctness (new defaults; prefetch / pdl / stages paths bitwise)"
+timeout 150 "$T" --filter='GATHER_GPU\(|GATHER_GPU_KV\(|GATHER_GPU_LONG|GATHER_GPU_RELAUNCH|GATHER_GPU_KV_RELAUNCH|GATHER_GPU_BADLIST|GATHER_GPU_KV_BADLIST|GATHER_KV_VALIDATION' 2>&1 |
   grep -E 'FAILED|Failure|error|Expected|Which is|vs |PASSED|OK \]' | tail -80
 echo "== gather timings"
 timeout 90 "$T" --filter='GATHER_GPU_FAST_PERF' 2>&1 | grep -E '^\[perf fast\]|\[gather profile\]|FAILED|PASSED|Failure'
-echo "== memcheck, small case, every path"
-timeout 60 compute-sanitizer --tool memcheck --error-exitcode 99 "$T" --filter='GATHER_GPU\(b=1,hq=4,hk=2,sq=200' 2>&1 |
-  grep -E 'ERROR SUMMARY|Invalid|PASSED|FAILED' | head -20
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+if [ -n "$NCU" ]; then
+  SECT="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
+  PAT='attention_wgmma_kernel|attention_ws_kernel|union_kernel|Duration|Throughput|Hit Rate|Stall|Warp Cycles Per Issued|Issued Warp|Eligible|Achieved Occupancy|Registers Per|Shared Memory Config|Grid Size|Block Size'
+  echo "== ncu: default union + attention (kv-head lists, 6th call)"
+  SPARGE_TEST_GATHER_FAST=none timeout 60 "$NCU" -k 'regex:attention_wgmma_kernel|union_kernel' --launch-skip 10 --launch-count 2 $SECT \
+    "$T" --filter='GATHER_GPU_FAST_PERF' 2>&1 | grep -E "$PAT" | head -90
+  echo "== ncu: ws attention (kv-head lists)"
+  SPARGE_TEST_GATHER_FAST=ws timeout 60 "$NCU" -k 'regex:attention_ws_kernel' --launch-skip 5 --launch-count 1 $SECT \
+    "$T" --filter='GATHER_GPU_FAST_PERF' 2>&1 | grep -E "$PAT" | head -50
+else
+  echo "ncu not found"
+fi

@@ -717,6 +717,7 @@ struct PathConfig {
   const char* prefetch = nullptr;  // SPARGE_GATHER_PREFETCH
   const char* l2pf = nullptr;      // SPARGE_GATHER_L2PF
   const char* pdl = nullptr;       // SPARGE_GATHER_PDL
+  const char* wgmma_stages = nullptr;  // SPARGE_GATHER_WGMMA_STAGES
 };
 // Sets a PathConfig's variables for its lifetime.
 class PathEnv {
@@ -729,10 +730,11 @@ class PathEnv {
         pingpong_("SPARGE_GATHER_WS_PINGPONG", c.ws_pingpong),
         prefetch_("SPARGE_GATHER_PREFETCH", c.prefetch),
         l2pf_("SPARGE_GATHER_L2PF", c.l2pf),
-        pdl_("SPARGE_GATHER_PDL", c.pdl) {}
+        pdl_("SPARGE_GATHER_PDL", c.pdl),
+        wgmma_stages_("SPARGE_GATHER_WGMMA_STAGES", c.wgmma_stages) {}
 
  private:
-  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_, pdl_;
+  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_, pdl_, wgmma_stages_;
 };
 // Switches added 2026-11-30 session 5 (not run on a GPU when added), each with the path it must
 // equal bit for bit (same keys, masks and arithmetic): SPARGE_GATHER_PREFETCH=1 (keys and mask
@@ -743,17 +745,21 @@ struct BitwisePair {
   PathConfig with, without;
 };
 const BitwisePair kBitwisePairs[] = {
-    {{"wgmma64 prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma64", "wgmma64"}},
-    {{"wgmma prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma", "wgmma"}},
-    {{"ws prefetch", "ws", nullptr, nullptr, nullptr, nullptr, "1"}, {"ws stages=5", "ws", nullptr, "5"}},
-    {{"ws wg=1 prefetch", "ws", "1", nullptr, nullptr, nullptr, "1"}, {"ws wg=1 stages=2", "ws", "1", "2"}},
-    {{"ws stages=2 prefetch", "ws", nullptr, "2", nullptr, nullptr, "1"}, {"ws stages=2", "ws", nullptr, "2"}},
+    // Prefetch is the default since the H200 round of 2026-11-30 session 5: each "without" side
+    // turns it off (SPARGE_GATHER_PREFETCH=0).
+    {{"wgmma64 prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma64 no prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "0"}},
+    {{"wgmma prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma no prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "0"}},
+    {{"ws prefetch", "ws", nullptr, nullptr, nullptr, nullptr, "1"}, {"ws stages=5 no prefetch", "ws", nullptr, "5", nullptr, nullptr, "0"}},
+    {{"ws wg=1 prefetch", "ws", "1", nullptr, nullptr, nullptr, "1"}, {"ws wg=1 stages=2 no prefetch", "ws", "1", "2", nullptr, nullptr, "0"}},
+    {{"ws stages=2 prefetch", "ws", nullptr, "2", nullptr, nullptr, "1"}, {"ws stages=2 no prefetch", "ws", nullptr, "2", nullptr, nullptr, "0"}},
     // SPARGE_GATHER_L2PF=256: the .L2::256B hint on the K/V gathers (a hint: same bits).
-    {{"wgmma64 prefetch L2::256B", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1", "256"}, {"wgmma64", "wgmma64"}},
-    {{"wgmma prefetch L2::256B", "wgmma", nullptr, nullptr, nullptr, nullptr, "1", "256"}, {"wgmma", "wgmma"}},
-    {{"wgmma64 pdl", "wgmma64", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma64", "wgmma64"}},
-    {{"wgmma64 prefetch pdl", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1", nullptr, "1"}, {"wgmma64", "wgmma64"}},
-    {{"ws prefetch pdl", "ws", nullptr, nullptr, nullptr, nullptr, "1", nullptr, "1"}, {"ws stages=5", "ws", nullptr, "5"}},
+    {{"wgmma64 prefetch L2::256B", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1", "256"}, {"wgmma64 no prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "0"}},
+    {{"wgmma prefetch L2::256B", "wgmma", nullptr, nullptr, nullptr, nullptr, "1", "256"}, {"wgmma no prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "0"}},
+    {{"wgmma64 pdl", "wgmma64", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma64 no prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "0"}},
+    {{"wgmma pdl", "wgmma", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"}, {"wgmma no prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "0"}},
+    {{"ws prefetch pdl", "ws", nullptr, nullptr, nullptr, nullptr, "1", nullptr, "1"}, {"ws stages=5 no prefetch", "ws", nullptr, "5", nullptr, nullptr, "0"}},
+    // SPARGE_GATHER_WGMMA_STAGES=4 (BM 128 with prefetch, three steps in flight).
+    {{"wgmma stages=4", "wgmma", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "4"}, {"wgmma no prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "0"}},
 };
 // The warp-specialized kernel's variants (not run on a GPU when they were added): its defaults
 // (BM 128 for groups of more than 64 rows, BM 64 otherwise; the most stages that fit; noinc
@@ -808,7 +814,7 @@ void gather_case(const GCase& c, const std::string& name, Layout layout) {
     const Error e = compare(uni.o.data(), pr.data(), pr.size());
     EXPECT_EQ(e.nonfinite_mismatch, 0) << what;
     EXPECT_LE(e.max_abs, 2.0 * lowp_err + 1e-3) << what << ": union vs per-row: " << describe(e);
-    for (const char* path : {"mma", "wgmma"}) {  // default: wgmma64 for groups >= 128 rows on sm_90
+    for (const char* path : {"mma", "wgmma"}) {  // default: wgmma (BM 128, prefetch) for groups >= 128 rows on sm_90
       ScopedEnv e0("SPARGE_GATHER_PATH", path);
       const GOut up = l.run(Backend::cuda, true, ur);
       check_gather(up, o_ref, lse_ref, lowp_err, what + " path=" + path);
@@ -1602,13 +1608,24 @@ SPARGE_CASES(GatherGpuFastPerf) {
                      std::printf("[perf fast] union overlap (union / sum of distinct lists per 64-position group) = %.4f\n", sum_union / sum_lists);
                      const char* only = std::getenv("SPARGE_TEST_GATHER_FAST");
                      const std::string filter = only != nullptr ? std::string(",") + only + "," : "";
-                     std::vector<PathConfig> paths = {{"default", nullptr}, {"ws", "ws"}};
-                     for (const BitwisePair& pp : kBitwisePairs) paths.push_back(pp.with);
-                     paths.push_back({"ws stages=3 prefetch", "ws", nullptr, "3", nullptr, nullptr, "1"});
-                     paths.push_back({"ws pingpong=0 prefetch", "ws", nullptr, nullptr, nullptr, "0", "1"});
+                     // The default (wgmma BM 128 + prefetch, union at >= 32 lists per CTA since
+                     // session 5's round), the former default (wgmma64 without prefetch, union at
+                     // >= 16 lists per CTA: "union_ctas=4" with kv-head lists), and the switches.
+                     std::vector<PathConfig> paths = {
+                         {"default", nullptr},
+                         {"wgmma64 no prefetch (default before)", "wgmma64", nullptr, nullptr, nullptr, nullptr, "0"},
+                         {"wgmma no prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "0"},
+                         {"wgmma64 prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1"},
+                         {"wgmma stages=4", "wgmma", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "4"},
+                         {"wgmma pdl", "wgmma", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
+                         {"wgmma stages=4 pdl", "wgmma", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1", "4"},
+                         {"ws", "ws"},
+                         {"ws no prefetch", "ws", nullptr, nullptr, nullptr, nullptr, "0"},
+                     };
                      // The union kernel's cluster size (SPARGE_GATHER_UNION_CTAS) under the default
                      // attention: labels "union_ctas=N".
                      paths.push_back({"union_ctas=2", nullptr});
+                     paths.push_back({"union_ctas=4", nullptr});
                      paths.push_back({"union_ctas=8", nullptr});
                      for (const char* layout : {"kv", "q"}) {
                        const bool kvl = std::strcmp(layout, "kv") == 0;
@@ -1679,9 +1696,8 @@ SPARGE_CASES(GatherGpuFastPerf) {
                      p.indices = make_tensor(dwi.data(), DType::i32, {c.b, c.hk, c.sq, c.n_max});
                      p.counts = make_tensor(dwc.data(), DType::i32, {c.b, c.hk, c.sq});
                      std::vector<unsigned char> wref;
-                     for (const PathConfig& pc : {PathConfig{"default", nullptr}, PathConfig{"wgmma64 prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1"},
-                                                  PathConfig{"wgmma64 prefetch L2::256B", "wgmma64", nullptr, nullptr, nullptr, nullptr, "1", "256"},
-                                                  PathConfig{"ws", "ws"}, PathConfig{"ws prefetch", "ws", nullptr, nullptr, nullptr, nullptr, "1"}}) {
+                     for (const PathConfig& pc : {PathConfig{"default", nullptr}, PathConfig{"wgmma64 no prefetch", "wgmma64", nullptr, nullptr, nullptr, nullptr, "0"},
+                                                  PathConfig{"ws", "ws"}}) {
                        PathEnv env(pc);
                        std::vector<float> ms;
                        cudaEvent_t e0, e1v;

@@ -30,7 +30,7 @@ namespace sparge::cuda::gather {
 // travel through shared memory with cp.async, ahead of the steps that use them.
 template <int WG, int ST = 3, bool PF = false>
 struct WgShape {
-  static_assert(ST == 2 || ST == 3, "2 or 3 K/V stages");
+  static_assert(ST == 2 || ST == 3 || (ST == 4 && PF), "2 or 3 K/V stages (4 with prefetch)");
   static constexpr int kThreads = WG * 128;
   static constexpr int kBM = WG * 64;
   static constexpr int kStages = ST;

@@ -88,6 +88,9 @@ AttnChoice pick_kernel(int tile_rows, bool wgmma, int stages = 3, bool prefetch 
       return {gather::attention_wgmma_kernel<T, D, 1, 2, true>, gather::WgShape<1, 2, true>::kThreads, gather::WgShape<1, 2, true>::smem_bytes(D), 64, true, 2};
     }
     if (tile_rows == 64) return {gather::attention_wgmma_kernel<T, D, 1, 3, true>, gather::WgShape<1, 3, true>::kThreads, gather::WgShape<1, 3, true>::smem_bytes(D), 64};
+    if (stages == 4) {
+      return {gather::attention_wgmma_kernel<T, D, 2, 4, true>, gather::WgShape<2, 4, true>::kThreads, gather::WgShape<2, 4, true>::smem_bytes(D), 128, true, 4};
+    }
     return {gather::attention_wgmma_kernel<T, D, 2, 3, true>, gather::WgShape<2, 3, true>::kThreads, gather::WgShape<2, 3, true>::smem_bytes(D), 128};
   }
   if (wgmma) {
@@ -125,11 +128,13 @@ int env_int(const char* name, int fallback) {
   return end != nullptr && *end == '\0' ? static_cast<int>(v) : fallback;
 }
 
-// SPARGE_GATHER_PREFETCH=1 (read on every call; opt-in until an H200 round shows it correct and
-// faster): the wgmma kernels (BM 64 / 128) and the ws kernel's noinc producer take the union keys
-// and mask words through shared memory, several steps ahead, with cp.async (attention_wgmma.cuh
-// and attention_ws.cuh, "Prefetch"). Same keys, masks and arithmetic: bitwise the same output.
-bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 0) == 1; }
+// SPARGE_GATHER_PREFETCH (read on every call; default on since the H200 round of 2026-11-30
+// session 5, =0 turns it off): the wgmma kernels (BM 64 / 128) and the ws kernel's noinc
+// producer take the union keys and mask words through shared memory, several steps ahead, with
+// cp.async (attention_wgmma.cuh and attention_ws.cuh, "Prefetch"). Same keys, masks and
+// arithmetic: bitwise the same output (tested). H200, PERF.md shape: wgmma BM 128 attention
+// 0.133 ms with it (~0.155 without); wgmma64 and ws unchanged (0.145-0.148, 0.168-0.170).
+bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 1) != 0; }
 
 // SPARGE_GATHER_PATH=ws (sm_90a; NOT RUN ON A GPU yet): the warp-specialized kernel. Its switches,
 // read on every call (every variant walks the union in the same order with the same per-row
@@ -198,10 +203,11 @@ int device_major() {
 //                   the group's K/V itself, twice the L2 reads of 128-row tiles);
 //   mma             the portable kernel, 128-row tiles for groups of at least 128 rows, else 64;
 //   ws              the warp-specialized sm_90a kernel (attention_ws.cuh, select_ws above; opt-in);
-//   unset / other   on sm_90: "wgmma64" for groups of at least 128 rows (union groups; H200
-//                   2026-11-30, 256-row groups, two rounds: attention 0.146-0.147 ms against
-//                   0.154-0.156 for wgmma (BM 128) and 0.179 / 0.190 for mma64 / mma128; the whole
-//                   call 0.261 against 0.286 ms with kv-head lists), else "mma"; elsewhere "mma".
+//   unset / other   on sm_90: "wgmma" (BM 128, 3 stages, with the default prefetch) for groups
+//                   of at least 128 rows (H200 2026-11-30 session 5, 256-row groups: attention
+//                   0.133 ms against 0.145 for wgmma64 (the default before), 0.154-0.156 for
+//                   wgmma without prefetch, 0.168 ws, 0.179 / 0.190 mma64 / mma128), else "mma";
+//                   elsewhere "mma".
 // The wgmma kernels exist for sm_90 only; elsewhere a wgmma request takes the portable default.
 // (A per-row group is Hq/Hk rows, so a taller tile than the group is empty rows.)
 AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
@@ -212,7 +218,7 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
     if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return c;
   }
   if (req != "mma" && req != "mma64" && req != "mma128" && req != "wgmma" && req != "wgmma256" && req != "wgmma64") {
-    req = group_rows >= 128 ? "wgmma64" : "mma";
+    req = group_rows >= 128 ? "wgmma" : "mma";
   }
   bool wgmma = false;
   int tile = group_rows >= 128 ? 128 : 64;
@@ -226,6 +232,9 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
       tile = 64;
       stages = 2;
     }
+    // SPARGE_GATHER_WGMMA_STAGES=4 (opt-in, session 5): BM 128 with prefetch and 4 K/V buffers
+    // (three steps in flight; 167 KB at hd128, one CTA per SM).
+    if (tile == 128 && prefetch_on() && env_int("SPARGE_GATHER_WGMMA_STAGES", 3) == 4) stages = 4;
   }
   const bool f16 = plan.dtype == DType::f16;
   if (wgmma) {
@@ -235,7 +244,7 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
     const AttnChoice c = plan.d == 64 ? (f16 ? pick_kernel<__half, 64>(tile, true, stages, pf) : pick_kernel<__nv_bfloat16, 64>(tile, true, stages, pf))
                                       : (f16 ? pick_kernel<__half, 128>(tile, true, stages, pf) : pick_kernel<__nv_bfloat16, 128>(tile, true, stages, pf));
     if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) {
-      AttnChoice r{c.kernel, c.threads, c.smem, c.tile_rows, true, stages};
+      AttnChoice r{c.kernel, c.threads, c.smem, c.tile_rows, true, c.stages > 0 ? c.stages : stages};
       r.name = "wgmma";
       r.prefetch = pf;
       return r;
@@ -247,10 +256,16 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   return f16 ? pick_kernel<__half, 128>(tile, wgmma) : pick_kernel<__nv_bfloat16, 128>(tile, wgmma);
 }
 
-// CTAs per group of the union kernel: a cluster of up to 8 on sm_90 (at least 16 lists per CTA),
+// CTAs per group of the union kernel: a cluster of up to 8 on sm_90 (see the default below),
 // 1 elsewhere. SPARGE_GATHER_UNION_CTAS = 1, 2, 4 or 8 overrides it (at least one list per CTA;
 // values above 1 on sm_90 only). group_rows counts the group's lists (units).
-int union_ctas(int group_rows, int major) {
+// Default (2026-11-30 session 5): at least 32 lists (two per warp) per CTA, the fewer CTAs that
+// still take the row-bitmap path (the host falls back to `fallback` = at least 16 lists per CTA,
+// the rule before, when those bitmaps do not fit). H200, PERF.md shape: kv-head lists (64 per
+// group) union 0.047 ms with 2 CTAs against 0.063 with 4 and 0.083 with 8; per-query-head lists
+// (256 per group) 0.167 with 8 (= 32 per CTA) against 0.230 with 2 (the bitmaps do not fit).
+int union_ctas(int group_rows, int major, int* fallback) {
+  *fallback = 0;
   if (major < 9 || !sm90_binary(reinterpret_cast<const void*>(gather::union_kernel<false>))) return 1;
   if (const char* e = std::getenv("SPARGE_GATHER_UNION_CTAS")) {
     int v = std::atoi(e);
@@ -259,9 +274,15 @@ int union_ctas(int group_rows, int major) {
       return v;
     }
   }
-  // At least 16 rows (one per warp) per CTA: a per-row group (Hq/Hk rows) stays on one CTA.
-  int want = gather::kUnionMaxCtas;
-  while (want > 1 && want * (gather::kUnionThreads / 32) > group_rows) want /= 2;
+  // A per-row group (Hq/Hk rows) stays on one CTA.
+  auto most = [&](int per_cta) {
+    int want = gather::kUnionMaxCtas;
+    while (want > 1 && want * per_cta > group_rows) want /= 2;
+    return want;
+  };
+  const int want = most(2 * (gather::kUnionThreads / 32));
+  const int before = most(gather::kUnionThreads / 32);
+  if (before != want) *fallback = before;
   return want;
 }
 
@@ -444,7 +465,7 @@ struct Profile {
     }
     // The attention kernel's switches: "2 stages" (wgmma64), the ws ring, prefetch, L2 hint.
     std::string sw;
-    if (ac.wgmma && !ac.ws && ac.stages == 2) sw += ", 2 stages";
+    if (ac.wgmma && !ac.ws && (ac.stages == 2 || ac.stages == 4)) sw += std::string(", ") + std::to_string(ac.stages) + " stages";
     if (ac.ws) sw += std::string(", ") + std::to_string(ac.stages) + " stages, arrive " + (ac.ws_arrive_wait ? "wait" : "noinc") + (ac.ws_pingpong ? "" : ", no pingpong");
     if (ac.prefetch) sw += ", prefetch";
     if (l2_256) sw += ", L2::256B";
@@ -583,7 +604,11 @@ Status gather_attention(const GatherAttentionParams& p) {
   };
   ua.variant = union_variant();
   const int major = device_major();
-  set_ctas(union_ctas(units, major));
+  {
+    int fallback = 0;
+    set_ctas(union_ctas(units, major, &fallback));
+    if (fallback > 0 && ua.rowbm_off < 0 && (ua.variant & gather::kRowBitmaps) != 0) set_ctas(fallback);
+  }
 
   gather::AttnArgs aa{};
   aa.geo = geo;
