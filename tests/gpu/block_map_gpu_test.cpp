@@ -577,8 +577,8 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
 // folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
-// grids, ticket-ordered items, programmatic dependent launches of the scores and the selection
-// (SPARGE_BLOCKMAP_PDL=1), the pivot search of the warp top-k (SPARGE_BLOCKMAP_SELECT=pivot) and
+// grids, ticket-ordered items, the scores and the selection launched without PDL
+// (SPARGE_BLOCKMAP_PDL=0), the bit search of the warp top-k (SPARGE_BLOCKMAP_SELECT=bits) and
 // the 64 x 128 scores tiles (SPARGE_BLOCKMAP_SCORES=half), alone and combined.
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
@@ -596,9 +596,9 @@ void check_switches(const Problem& p, const GpuResult& first) {
   const Setting settings[] = {
       {"fold", o, o, o, o, o},          {o, "1", o, o, o, o},             {o, o, "base3", o, o, o},
       {"fold", "1", "base3", o, o, o},  {o, o, o, "1", o, o},             {o, "1", "base3", "1", o, o},
-      {o, o, o, o, "1", o},             {o, o, o, o, o, "pivot"},         {o, o, o, o, "1", "pivot"},
-      {"fold", o, o, "1", "1", "pivot"}, {o, "1", o, o, o, o, "1"},       {"fold", o, "base3", o, o, o, "1"},
-      {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, o, o, o, "half"},  {o, o, o, o, "1", "pivot", o, "half"}};
+      {o, o, o, o, "0", o},             {o, o, o, o, o, "bits"},          {o, o, o, o, "0", "bits"},
+      {"fold", o, o, "1", "0", "bits"}, {o, "1", o, o, o, o, "1"},        {"fold", o, "base3", o, o, o, "1"},
+      {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, o, o, o, "half"},  {o, o, o, o, "0", "bits", o, "half"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
@@ -938,8 +938,8 @@ SPARGE_CASES(BlockMapGpu) {
     c.causal = d == 256, c.pattern = Pattern::ramp, c.switches = true;
     add(cases, c);
   }
-  // Exact ties in warp rows under every switch (the pivot search of SPARGE_BLOCKMAP_SELECT=pivot
-  // must stop on a tied value and keep the CPU's ties in block order): duplicated K blocks over
+  // Exact ties in warp rows under every switch (the pivot search of the warp top-k must stop on a
+  // tied value and keep the CPU's ties in block order): duplicated K blocks over
   // 256 key blocks (8 per lane), identical rows over 125 (4 per lane: every score of a row equal).
   for (Pattern pat : {Pattern::dup, Pattern::same}) {
     Cfg c;

@@ -238,9 +238,12 @@ cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_
 
 }  // namespace
 
+// PDL is on unless SPARGE_BLOCKMAP_PDL=0 (H200, session 5 round 2, profile-off bench medians with the
+// pivot selection: 0.2926 / 0.3412 / 0.2973 ms at 128 x 64 / 64 x 64 / 64 x 128 against 0.3053 /
+// 0.3518 / 0.3074 without PDL; with the bit search it made no difference, 0.2992 vs 0.2986).
 bool pdl_enabled() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_PDL");
-  if (v == nullptr || v[0] != '1') return false;
+  if (v != nullptr && v[0] == '0') return false;
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
     (void)cudaGetLastError();
