@@ -16,8 +16,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cpu/fold_inputs.h"
 #include "cpu/quant.h"
 #include "harness/harness.h"
 #include "quant/quant_rule.h"
@@ -46,39 +48,13 @@ struct Inputs {
   Tensor tq, tk, tv;                          // views of the storage
 };
 
-std::int64_t at_idx(bool hnd, std::int64_t S, std::int64_t H, std::int64_t D, std::int64_t b, std::int64_t s,
-                    std::int64_t h) {
-  return hnd ? ((b * H + h) * S + s) * D : ((b * S + s) * H + h) * D;
-}
-
 void make_inputs(const FCfg& c, std::mt19937_64& rng, Inputs& in) {
-  in.q.resize(static_cast<size_t>(c.b) * c.sq * c.hq * c.d);
-  in.k.resize(static_cast<size_t>(c.b) * c.sk * c.hk * c.d);
-  in.v.resize(in.k.size());
-  fill_normal(in.q, rng, 0.0f, 2.0f);
-  fill_normal(in.k, rng);
-  fill_normal(in.v, rng);
-  std::vector<float> bias(static_cast<size_t>(c.hk) * c.d);
-  fill_normal(bias, rng, 0.0f, c.k_bias);
-  for (std::int64_t r = 0; r < std::int64_t{c.b} * c.sk; ++r)
-    for (int h = 0; h < c.hk; ++h)
-      for (int e = 0; e < c.d; ++e) in.k[(r * c.hk + h) * c.d + e] += bias[h * c.d + e];
-  in.q = round_through(in.q, c.dt);
-  in.k = round_through(in.k, c.dt);
-  in.v = round_through(in.v, c.dt);
+  FoldQkv x = random_fold_qkv(c.b, c.hq, c.hk, c.sq, c.sk, c.d, c.k_bias, c.dt, rng);
+  in.q = std::move(x.q), in.k = std::move(x.k), in.v = std::move(x.v);
   const auto store = [&](const std::vector<float>& x, std::int64_t S, std::int64_t H) {
-    std::vector<float> out(x.size());
-    for (std::int64_t b = 0; b < c.b; ++b)
-      for (std::int64_t s = 0; s < S; ++s)
-        for (std::int64_t h = 0; h < H; ++h)
-          for (int e = 0; e < c.d; ++e) out[at_idx(c.hnd, S, H, c.d, b, s, h) + e] = x[((b * S + s) * H + h) * c.d + e];
-    return out;
+    return fold_store(x, c.b, S, H, c.d, c.hnd);
   };
-  const auto view = [&](void* data, std::int64_t S, std::int64_t H) {
-    const std::int64_t D = c.d;
-    return c.hnd ? make_tensor(data, c.dt, {c.b, S, H, D}, {H * S * D, D, S * D, 1})
-                 : make_tensor(data, c.dt, {c.b, S, H, D});
-  };
+  const auto view = [&](void* data, std::int64_t S, std::int64_t H) { return fold_view(data, c.dt, c.b, S, H, c.d, c.hnd); };
   std::vector<float> qs = store(in.q, c.sq, c.hq), ks = store(in.k, c.sk, c.hk), vs = store(in.v, c.sk, c.hk);
   if (c.dt == DType::f32) {
     in.q32 = qs, in.k32 = ks, in.v32 = vs;
@@ -102,13 +78,7 @@ struct QkBuffers {
     q_scale.assign(static_cast<size_t>(b * hq * sq), -1.0f);
     k_scale.assign(static_cast<size_t>(b * hk * nk), -1.0f);
     k_mean.assign(static_cast<size_t>(b * hk * d), -1.0f);
-    qk.q8 = make_tensor(q8.data(), DType::u8, {b, hq, sq, d});
-    qk.q_scale = make_tensor(q_scale.data(), DType::f32, {b, hq, sq});
-    qk.k8 = make_tensor(k8.data(), DType::u8, {b, hk, sk, d});
-    qk.k_scale = make_tensor(k_scale.data(), DType::f32, {b, hk, nk});
-    qk.k_mean = make_tensor(k_mean.data(), DType::f32, {b, hk, d});
-    qk.blkk = blkk;
-    qk.smooth_k = smooth;
+    qk = fold_qk(q8.data(), q_scale.data(), k8.data(), k_scale.data(), k_mean.data(), b, hq, hk, sq, sk, d, blkk, smooth);
   }
 };
 

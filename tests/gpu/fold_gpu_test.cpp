@@ -26,8 +26,10 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cpu/fold_inputs.h"
 #include "cpu/quant.h"
 #include "cuda/quant/quant.h"
 #include "gpu/gpu_harness.h"
@@ -64,36 +66,15 @@ struct GInputs {
 };
 
 void make_inputs(const GCfg& c, std::mt19937_64& rng, GInputs& in) {
-  in.q.resize(static_cast<size_t>(c.b) * c.sq * c.hq * c.d);
-  in.k.resize(static_cast<size_t>(c.b) * c.sk * c.hk * c.d);
-  in.v.resize(in.k.size());
-  fill_normal(in.q, rng, 0.0f, 2.0f);
-  fill_normal(in.k, rng);
-  fill_normal(in.v, rng);
-  std::vector<float> bias(static_cast<size_t>(c.hk) * c.d);
-  fill_normal(bias, rng, 0.0f, c.k_bias);
-  for (std::int64_t r = 0; r < std::int64_t{c.b} * c.sk; ++r)
-    for (int h = 0; h < c.hk; ++h)
-      for (int e = 0; e < c.d; ++e) in.k[(r * c.hk + h) * c.d + e] += bias[h * c.d + e];
-  in.q = round_through(in.q, c.dt);
-  in.k = round_through(in.k, c.dt);
-  in.v = round_through(in.v, c.dt);
+  FoldQkv x = random_fold_qkv(c.b, c.hq, c.hk, c.sq, c.sk, c.d, c.k_bias, c.dt, rng);
+  in.q = std::move(x.q), in.k = std::move(x.k), in.v = std::move(x.v);
   const std::int64_t off = c.misaligned ? 1 : 0;  // one element: rows off 16-byte boundaries
   const auto put = [&](const std::vector<float>& x, std::int64_t S, std::int64_t H,
                        std::unique_ptr<DeviceGuarded<std::uint16_t>>& dev, Tensor& t) {
-    const std::int64_t D = c.d;
-    std::vector<float> st(x.size() + off, 0.0f);
-    for (std::int64_t b = 0; b < c.b; ++b)
-      for (std::int64_t s = 0; s < S; ++s)
-        for (std::int64_t h = 0; h < H; ++h)
-          for (std::int64_t e = 0; e < D; ++e) {
-            const std::int64_t at = c.hnd ? ((b * H + h) * S + s) * D + e : ((b * S + s) * H + h) * D + e;
-            st[off + at] = x[((b * S + s) * H + h) * D + e];
-          }
+    const std::vector<float> st = fold_store(x, c.b, S, H, c.d, c.hnd, off);
     dev = std::make_unique<DeviceGuarded<std::uint16_t>>(st.size());
     dev->upload(to_storage16(st, c.dt));
-    t = c.hnd ? make_tensor(dev->data() + off, c.dt, {c.b, S, H, D}, {H * S * D, D, S * D, 1})
-              : make_tensor(dev->data() + off, c.dt, {c.b, S, H, D});
+    t = fold_view(dev->data() + off, c.dt, c.b, S, H, c.d, c.hnd);
   };
   put(in.q, c.sq, c.hq, in.dq, in.tq);
   put(in.k, c.sk, c.hk, in.dk, in.tk);
@@ -110,13 +91,8 @@ struct DevQk {
         q_scale(static_cast<size_t>(c.b) * c.hq * c.sq), k_scale(static_cast<size_t>(c.b) * c.hk * num_blocks(c.sk, c.blkk)),
         k_mean(static_cast<size_t>(c.b) * c.hk * c.d) {
     q8.poison(), k8.poison(), q_scale.poison(), k_scale.poison(), k_mean.poison();
-    qk.q8 = make_tensor(q8.data(), DType::u8, {c.b, c.hq, c.sq, c.d});
-    qk.q_scale = make_tensor(q_scale.data(), DType::f32, {c.b, c.hq, c.sq});
-    qk.k8 = make_tensor(k8.data(), DType::u8, {c.b, c.hk, c.sk, c.d});
-    qk.k_scale = make_tensor(k_scale.data(), DType::f32, {c.b, c.hk, num_blocks(c.sk, c.blkk)});
-    qk.k_mean = make_tensor(k_mean.data(), DType::f32, {c.b, c.hk, c.d});
-    qk.blkk = c.blkk;
-    qk.smooth_k = c.smooth;
+    qk = fold_qk(q8.data(), q_scale.data(), k8.data(), k_scale.data(), k_mean.data(), c.b, c.hq, c.hk, c.sq, c.sk,
+                 c.d, c.blkk, c.smooth);
   }
   bool guards_intact() const {
     return q8.guards_intact() && k8.guards_intact() && q_scale.guards_intact() && k_scale.guards_intact() &&
@@ -245,18 +221,24 @@ void run_gpu_case(const GCfg& c) {
   cq::QuantBuffers vonly;
   vonly.v8t = v8t_only.data();
   vonly.v_scale = v_scale_only.data();
-  for (const char* variant : {static_cast<const char*>(nullptr), "stream"}) {  // SPARGE_QUANT_VONLY
+  for (const char* variant : {static_cast<const char*>(nullptr), "launches"}) {  // SPARGE_QUANT_VONLY
     ScopedEnv env("SPARGE_QUANT_VONLY", variant);
     v8t_only.poison(), v_scale_only.poison();
     ASSERT_EQ(cq::quantize_v(p, vonly, nullptr), cudaSuccess);
     SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::string tag = std::string(" (V-only prepass, ") + (variant != nullptr ? variant : "launches") + ")";
+    const std::string tag = std::string(" (V-only prepass, ") + (variant != nullptr ? variant : "stream") + ")";
     EXPECT_EQ(first_diff(("v8t" + tag).c_str(), v8t_only.download(), v8t.download()), "");
     EXPECT_EQ(first_diff(("v_scale" + tag).c_str(), v_scale_only.download(), v_scale.download()), "");
   }
-  if (c.smooth) ASSERT_EQ(cq::lse_shift(p, k_mean.data(), shift_only.data(), nullptr), cudaSuccess);
-  SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-  if (c.smooth) EXPECT_EQ(first_diff("lse_shift (shift kernel)", shift_only.download(), shift.download()), "");
+  for (const char* occ : {static_cast<const char*>(nullptr), "3", "4"}) {  // SPARGE_QUANT_SHIFT_OCC
+    if (!c.smooth) break;
+    ScopedEnv env("SPARGE_QUANT_SHIFT_OCC", occ);
+    shift_only.poison();
+    ASSERT_EQ(cq::lse_shift(p, k_mean.data(), shift_only.data(), nullptr), cudaSuccess);
+    SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::string what = std::string("lse_shift (shift kernel, occ ") + (occ != nullptr ? occ : "2") + ")";
+    EXPECT_EQ(first_diff(what.c_str(), shift_only.download(), shift.download()), "");
+  }
   EXPECT_TRUE(v8t_only.guards_intact() && v_scale_only.guards_intact() && shift_only.guards_intact());
 
   // 4. The attention (sm_90, head dim 128): quantize_qkv's own Q / K given == quantizing them.
@@ -361,6 +343,27 @@ SPARGE_CASES(FoldGpu) {
     cudaEvent_t e0, e1;
     SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
     SPARGE_CUDA_CHECK(cudaEventCreate(&e1));
+    // Two variants timed in alternation (A B, then B A, ...), so that clock and thermal drift
+    // during the run falls on both alike; medians of 16 after 4 warmups each.
+    const auto median_pair = [&](const std::function<Status()>& fa, const std::function<Status()>& fb) {
+      std::vector<float> ma, mb;
+      for (int it = 0; it < 20; ++it) {
+        for (int k = 0; k < 2; ++k) {
+          const bool a_turn = (k == 0) == (it % 2 == 0);
+          SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+          const Status st = a_turn ? fa() : fb();
+          SPARGE_CUDA_CHECK(cudaEventRecord(e1));
+          EXPECT_TRUE(st.ok()) << st.message();
+          SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
+          float t = 0;
+          SPARGE_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+          if (it >= 4) (a_turn ? ma : mb).push_back(t);
+        }
+      }
+      std::sort(ma.begin(), ma.end());
+      std::sort(mb.begin(), mb.end());
+      return std::pair<double, double>((ma[7] + ma[8]) / 2.0, (mb[7] + mb[8]) / 2.0);
+    };
     const auto median_ms = [&](const std::function<Status()>& fn) {
       std::vector<float> ms;
       for (int it = 0; it < 13; ++it) {
@@ -409,22 +412,30 @@ SPARGE_CASES(FoldGpu) {
       DeviceGuarded<float> o(static_cast<size_t>(c.b) * c.sq * c.hq * c.d), lse(static_cast<size_t>(c.b) * c.hq * c.sq);
       for (float topk : {1.0f, 0.4f, 0.1f}) {
         DevMap m;
-        const double map_plain = median_ms([&] { return run_map(c, in, m, nullptr, topk); });
-        const double map_fp8 = median_ms([&] { return run_map(c, in, m, &qk.qk, topk); });
+        const auto [map_plain, map_fp8] = median_pair([&] { return run_map(c, in, m, nullptr, topk); },
+                                                      [&] { return run_map(c, in, m, &qk.qk, topk); });
         BlockSparseAttentionParams p = attn_params(c, in, m, o, nullptr);
-        p.o = make_tensor(o.data(), DType::f32, {c.b, c.sq, c.hq, c.d});
-        const double attn_self = median_ms([&] { return block_sparse_attention(p); });
         BlockSparseAttentionParams pf = p;
         pf.maybe_fp8_qk = qk.qk;
-        const double attn_given = median_ms([&] { return block_sparse_attention(pf); });
-        const double pipe_self = median_ms([&] {
-          const Status s = run_map(c, in, m, nullptr, topk);
-          return s.ok() ? block_sparse_attention(p) : s;
-        });
-        const double pipe_fold = median_ms([&] {
-          const Status s = run_map(c, in, m, &qk.qk, topk);
-          return s.ok() ? block_sparse_attention(pf) : s;
-        });
+        const auto [attn_self, attn_given] = median_pair([&] { return block_sparse_attention(p); },
+                                                         [&] { return block_sparse_attention(pf); });
+        const auto [pipe_self, pipe_fold] = median_pair(
+            [&] {
+              const Status s = run_map(c, in, m, nullptr, topk);
+              return s.ok() ? block_sparse_attention(p) : s;
+            },
+            [&] {
+              const Status s = run_map(c, in, m, &qk.qk, topk);
+              return s.ok() ? block_sparse_attention(pf) : s;
+            });
+        // SPARGE_FOLD_BENCH_PROFILE=1: at topk 0.4, one profiled call of the block map without, then with
+        // the fp8 outputs (SPARGE_BLOCKMAP_PROFILE's stage line on stderr).
+        if (std::getenv("SPARGE_FOLD_BENCH_PROFILE") != nullptr && topk == 0.4f) {
+          ScopedEnv prof("SPARGE_BLOCKMAP_PROFILE", "1");
+          EXPECT_TRUE(run_map(c, in, m, nullptr, topk).ok());
+          EXPECT_TRUE(run_map(c, in, m, &qk.qk, topk).ok());
+          SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+        }
         std::printf("[ bench ] fold b2 h32 s16384 d128 128x%d topk %.1f: block map %.4f ms, with fp8 outputs %.4f ms "
                     "(+%.4f); attention quantizing Q/K/V %.3f ms, given Q/K (V prepass) %.3f ms; "
                     "pipeline unfolded %.3f ms, folded %.3f ms\n",
@@ -441,8 +452,7 @@ SPARGE_CASES(FoldGpu) {
             const char* variant;
             const char* group;
           };
-          for (const VCfg& vc : {VCfg{nullptr, nullptr}, VCfg{nullptr, "8"}, VCfg{"stream", nullptr},
-                                 VCfg{"stream", "4"}, VCfg{"stream", "1000"}}) {
+          for (const VCfg& vc : {VCfg{nullptr, nullptr}, VCfg{"launches", nullptr}}) {
             ScopedEnv env_v("SPARGE_QUANT_VONLY", vc.variant);
             ScopedEnv env("SPARGE_QUANT_GROUP", vc.group);
             const char* group = vc.group;
@@ -450,15 +460,18 @@ SPARGE_CASES(FoldGpu) {
               return cq::quantize_v(p, vb, nullptr) == cudaSuccess ? Status{} : runtime_error("quantize_v");
             });
             std::printf("[ bench ] fold V-only prepass %s group %s: %.4f ms (%.0f MB: V read twice + v8t, %.0f GB/s)\n",
-                        vc.variant != nullptr ? vc.variant : "launches", group != nullptr ? group : "default", v_ms,
+                        vc.variant != nullptr ? vc.variant : "stream", group != nullptr ? group : "default", v_ms,
                         bytes_v * 1e-6, bytes_v / v_ms * 1e-6);
           }
-          const double s_ms = median_ms([&] {
-            return cq::lse_shift(p, qk.k_mean.data(), shift.data(), nullptr) == cudaSuccess ? Status{}
-                                                                                             : runtime_error("lse_shift");
-          });
-          std::printf("[ bench ] fold LSE shift %.4f ms (%.0f MB, %.0f GB/s)\n", s_ms, bytes_q * 1e-6,
-                      bytes_q / s_ms * 1e-6);
+          for (const char* occ : {"2", "3", "4"}) {  // SPARGE_QUANT_SHIFT_OCC
+            ScopedEnv env("SPARGE_QUANT_SHIFT_OCC", occ);
+            const double s_ms = median_ms([&] {
+              return cq::lse_shift(p, qk.k_mean.data(), shift.data(), nullptr) == cudaSuccess ? Status{}
+                                                                                               : runtime_error("lse_shift");
+            });
+            std::printf("[ bench ] fold LSE shift occ %s: %.4f ms (%.0f MB, %.0f GB/s)\n", occ, s_ms, bytes_q * 1e-6,
+                        bytes_q / s_ms * 1e-6);
+          }
         }
       }
     }

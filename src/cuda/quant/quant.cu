@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/quant/load.cuh"
 #include "cuda/quant/schedule.h"
@@ -354,12 +355,15 @@ __device__ __forceinline__ void q_tile(const Args& a, std::int64_t pair, std::in
     const std::int64_t row = i0 + rg + i * R;
     float x[8];
     unpack8<T>(qr[i], x);
-    std::uint32_t m = 0;
+    rule::Pow2Scale sc{1.0f, 1.0f};
+    if constexpr (QUANT) {
+      std::uint32_t m = 0;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) m = max(m, rule::abs_bits(x[e]));
+      for (int e = 0; e < 8; ++e) m = max(m, rule::abs_bits(x[e]));
 #pragma unroll
-    for (int off = U / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-    const rule::Pow2Scale sc = rule::pow2_scale(m);
+      for (int off = U / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+      sc = rule::pow2_scale(m);
+    }
     // The rule's pairwise tree over the row's U chunk sums, as an xor butterfly (every lane ends
     // with the same bits: a + b == b + a).
     double sum = 0.0;
@@ -394,9 +398,10 @@ __device__ __forceinline__ void quant_item(const Args& a, std::int64_t pair, std
   }
 }
 
-// The LSE shift alone: one CTA per Q tile (blockIdx.x = (pair * group + g) * qtiles + qt).
-template <int D, class T>
-__global__ void __launch_bounds__(kThreads, 2) lse_shift_kernel(const Args a) {
+// The LSE shift alone: one CTA per Q tile (blockIdx.x = (pair * group + g) * qtiles + qt), MINB CTAs
+// per SM (the same code and bits at every MINB; SPARGE_QUANT_SHIFT_OCC).
+template <int D, class T, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) lse_shift_kernel(const Args a) {
   const std::int64_t idx = blockIdx.x, group = a.hq / a.hk;
   q_tile<D, T, false>(a, idx / (group * a.qtiles), idx / a.qtiles % group, idx % a.qtiles);
 }
@@ -937,11 +942,13 @@ Variant variant_from_env() {
   return v == "fused" ? Variant::fused : v == "stream" ? Variant::stream : Variant::launches;
 }
 
-// SPARGE_QUANT_VONLY (read per call): the V-only prepass (quantize_v) as `launches` (default: the
-// two passes per group) or `stream` (the persistent pipelined launch over V chunks and V tiles).
+// SPARGE_QUANT_VONLY (read per call): the V-only prepass (quantize_v) as `stream` (default: the
+// persistent pipelined launch over V chunks and V tiles) or `launches` (the two passes per group).
+// H200, b2 h32 s16384 d128 (session 5 round 2): stream 0.321 ms (group 2; 4: 0.328, all: 0.336),
+// launches 0.423 (group all; 8: 0.535), for 671 MB (V read twice, v8t written): 2.09 TB/s.
 Variant v_only_variant_from_env() {
   const char* e = std::getenv("SPARGE_QUANT_VONLY");
-  return e != nullptr && std::string(e) == "stream" ? Variant::stream : Variant::launches;
+  return e != nullptr && std::string(e) == "launches" ? Variant::launches : Variant::stream;
 }
 
 template <int D, class T>
@@ -1105,14 +1112,27 @@ cudaError_t lse_shift(const BlockSparseAttentionParams& p, const float* k_mean, 
   const std::int64_t ctas = sh.b * sh.hq * a.qtiles;  // (pair * group + g) * qtiles + qt
   if (ctas == 0) return cudaSuccess;
   if (ctas > 0x7fffffff) return cudaErrorInvalidValue;
+  // SPARGE_QUANT_SHIFT_OCC=2|3|4 (read per call; default 2): CTAs per SM the kernel's registers are
+  // capped for (H200, session 5: 0.246 ms at 2 for 273 MB, 1.1 TB/s: a CTA loads, then computes,
+  // so more resident CTAs keep more loads in flight). Same bits.
+  const std::int64_t occ = env_int("SPARGE_QUANT_SHIFT_OCC");
   const bool bf = t == DType::bf16;
   const auto grid = static_cast<unsigned>(ctas);
+  const auto go = [&](auto d_tag, auto type) {
+    constexpr int D = decltype(d_tag)::value;
+    using T = decltype(type);
+    if (occ == 4) {
+      lse_shift_kernel<D, T, 4><<<grid, kThreads, 0, stream>>>(a);
+    } else if (occ == 3) {
+      lse_shift_kernel<D, T, 3><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      lse_shift_kernel<D, T, 2><<<grid, kThreads, 0, stream>>>(a);
+    }
+  };
   if (sh.d == 128) {
-    if (bf) lse_shift_kernel<128, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
-    else lse_shift_kernel<128, __half><<<grid, kThreads, 0, stream>>>(a);
+    if (bf) go(std::integral_constant<int, 128>{}, __nv_bfloat16{}); else go(std::integral_constant<int, 128>{}, __half{});
   } else {
-    if (bf) lse_shift_kernel<64, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
-    else lse_shift_kernel<64, __half><<<grid, kThreads, 0, stream>>>(a);
+    if (bf) go(std::integral_constant<int, 64>{}, __nv_bfloat16{}); else go(std::integral_constant<int, 64>{}, __half{});
   }
   return cudaGetLastError();
 }
