@@ -12,6 +12,9 @@
 #     ~0.20 ms with kv-head lists (union ~0.047 + attention ~0.133 in its [gather profile] line)
 #     against "wgmma64 no prefetch (default before)" + "union_ctas=4" (~0.230); "wgmma stages=4"
 #     and "wgmma pdl" are the opt-in candidates; "(bitwise)" = same bits as the default.
+#  2b. "[tma probe]": swizzle mismatches 0 = a TMA box of 64 columns x 1 row lands in the wgmma
+#     layout (TMA row gathers are possible); cp.async vs TMA GB/s of the same scattered rows
+#     (both with 3-4 steps in flight, no compute) -- is TMA the way past the cp.async gathers?
 #  3. ncu of the default attention kernel and the union kernel (kv-head lists): SM / memory
 #     throughput, warp stall reasons -- what bounds the gather kernel (not needed to pass).
 #  4. ncu of the ws kernel (producer / consumer warp specialization), same sections.
@@ -23,6 +26,8 @@ timeout 150 "$T" --filter='GATHER_GPU\(|GATHER_GPU_KV\(|GATHER_GPU_LONG|GATHER_G
   grep -E 'FAILED|Failure|error|Expected|Which is|vs |PASSED|OK \]' | tail -80
 echo "== gather timings"
 timeout 90 "$T" --filter='GATHER_GPU_FAST_PERF' 2>&1 | grep -E '^\[perf fast\]|\[gather profile\]|FAILED|PASSED|Failure'
+echo "== TMA row-gather probe (own process)"
+SPARGE_TMA_PROBE=1 timeout 30 "$T" --filter='GATHER_GPU_TMA_PROBE' 2>&1 | grep -E '^\[tma probe\]|FAILED|PASSED|SKIPPED|error' | head -5
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 if [ -n "$NCU" ]; then
   SECT="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"

@@ -15,6 +15,7 @@
 #include <set>
 #include <tuple>
 
+#include "cuda/gather/tma_probe.h"
 #include "gpu/gpu_harness.h"
 
 namespace sparge::test {
@@ -1726,6 +1727,25 @@ SPARGE_CASES(GatherGpuFastPerf) {
                                    pc.label, ms[ms.size() / 2], flops / (ms[ms.size() / 2] * 1e-3) / 1e12, out == wref ? " (bitwise)" : " (DIFFERS from default)");
                        std::fflush(stdout);
                      }
+                   }});
+}
+
+// The TMA row-gather probe (src/cuda/gather/tma_probe.h; measurement only): whether a TMA box of
+// 64 columns x 1 row lands as the kernels' sw128 layout, and the gathered bytes per second of
+// 16-byte cp.async against TMA boxes on the same random rows. Prints one line; skips off sm_90
+// and unless SPARGE_TMA_PROBE=1 (run it in a process of its own: should a box-of-one-row TMA
+// fault on some device, the error would poison the CUDA context of every later case).
+SPARGE_CASES(GatherGpuTmaProbe) {
+  cases.push_back({"GATHER_GPU_TMA_PROBE(ctas=264,steps=32,rows=64+64,hd128)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     const char* on = std::getenv("SPARGE_TMA_PROBE");
+                     if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "set SPARGE_TMA_PROBE=1";
+                     const ::sparge::cuda::gather::TmaProbe r = ::sparge::cuda::gather::tma_gather_probe();
+                     std::printf("[tma probe] ran=%d swizzle mismatches=%d of 1024 chunks (0: TMA rows land as sw128); gathered K+V rows: "
+                                 "cp.async %.0f GB/s, TMA %.0f GB/s%s%s\n",
+                                 r.ran ? 1 : 0, r.swizzle_mismatches, r.cp_async_gbs, r.tma_gbs, r.note.empty() ? "" : "; ", r.note.c_str());
+                     std::fflush(stdout);
+                     if (!r.ran) GTEST_SKIP() << r.note;
                    }});
 }
 
