@@ -1,5 +1,5 @@
 // Programmatic dependent launch (PDL, sm_90+), shared by the CUDA modules: a kernel launched with
-// launch_kernel(..., pdl = true, ...) may start while the kernel before it on the stream is still
+// launch_maybe_pdl(..., pdl = true, ...) may start while the kernel before it on the stream is still
 // running, and must call pdl_wait() before it touches anything that kernel (or an earlier one)
 // writes or reads: griddepcontrol.wait returns once every prerequisite grid has completed and its
 // memory is visible. A kernel launched without PDL returns from pdl_wait() at once, so a kernel
@@ -32,8 +32,8 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // Launches kernel<<<grid, block, smem, st>>>(args...), with the programmatic stream serialization
 // attribute when pdl is set (the caller checks that the device is sm_90+).
 template <class... Params, class... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), int grid, int block, std::size_t smem, cudaStream_t st, bool pdl,
-                          Args&&... args) {
+cudaError_t launch_maybe_pdl(void (*kernel)(Params...), int grid, int block, std::size_t smem, cudaStream_t st,
+                            bool pdl, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(static_cast<unsigned>(block));

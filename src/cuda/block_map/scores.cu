@@ -219,7 +219,7 @@ cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaS
                                              static_cast<int>(kStageSmem<BM>));
   if (e != cudaSuccess) return e;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_kernel(scores_stage_kernel<BM>, grid, kThreads, kStageSmem<BM>, st, pdl_enabled(), g, scale, s);
+  return launch_maybe_pdl(scores_stage_kernel<BM>, grid, kThreads, kStageSmem<BM>, st, pdl_enabled(), g, scale, s);
 }
 
 // SPARGE_BLOCKMAP_SCORES=half (read per call; same bits): the staged kernel with 64 x 128 tiles.
@@ -233,7 +233,7 @@ cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + TILE - 1) / TILE) * ((g.nk + TILE - 1) / TILE);
   if (tiles == 0) return cudaSuccess;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_kernel(scores_kernel<TILE>, grid, kThreads, 0, st, pdl_enabled(), g, scale, s);
+  return launch_maybe_pdl(scores_kernel<TILE>, grid, kThreads, 0, st, pdl_enabled(), g, scale, s);
 }
 
 }  // namespace
@@ -245,7 +245,8 @@ bool pdl_enabled() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_PDL");
   if (v != nullptr && v[0] == '0') return false;
   int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }

@@ -315,11 +315,12 @@ __device__ __forceinline__ std::uint32_t nth_by_bits(const std::uint32_t (&w)[IP
 
 // The n-th smallest w by pivots taken from the data (kPivot; the default since session 5: H200
 // round 2, select 0.0243 ms against 0.0301 for the bit search in the profile, 13.2M instructions
-// against 20.6M (ncu), bits equal on all 292 block-map cases). Invariant: v lies in [A, B] and cA = count(w < A) < n <= cB = count(w <= B); at the start
-// A = lo, B = hi, cA = 0, cB = r. A step picks a pivot p, the w of some block in [A, B], and counts
-// the blocks with w < p and with w <= p in one REDUX (two 16-bit fields: at most 32 * IPT <= 256
-// blocks each): if c_lt < n <= c_le, p is v; if c_le < n, A = p + 1; else B = p - 1 (p > A then,
-// as c_lt >= n > cA). Every step that does not end removes p's value from [A, B], so the loop ends.
+// against 20.6M (ncu), bits equal on all 292 block-map cases). Invariant: v lies in [A, B] and
+// cA = count(w < A) < n <= cB = count(w <= B); at the start A = lo, B = hi, cA = 0, cB = r. A step
+// picks a pivot p, the w of some block in [A, B], and counts the blocks with w < p and with w <= p
+// in one REDUX (two 16-bit fields: at most 32 * IPT <= 256 blocks each): if c_lt < n <= c_le, p is
+// v; if c_le < n, A = p + 1; else B = p - 1 (p > A then, as c_lt >= n > cA). Every step that does
+// not end removes p's value from [A, B], so the loop ends.
 // The pivot is the smallest w at or above a guess g in [A, B] (the largest w in [A, g) if there is
 // none): g interpolates the rank n between cA and cB linearly in the score (the scores of A and B),
 // so a row of distinct scores ends in a few steps and a row of repeated scores as soon as a pivot
@@ -606,9 +607,9 @@ cudaError_t launch_warp(const SelectArgs& a, cudaStream_t st) {
   const bool small = rows < (std::int64_t{1} << 31);
   const bool pdl = pdl_enabled();
   if (topk_kind() == TopK::kPivot) {
-    return launch_kernel(select_row_kernel<IPT, TopK::kPivot>, grid, 32 * kRowWarps, 0, st, pdl, a, small);
+    return launch_maybe_pdl(select_row_kernel<IPT, TopK::kPivot>, grid, 32 * kRowWarps, 0, st, pdl, a, small);
   }
-  return launch_kernel(select_row_kernel<IPT, TopK::kBits>, grid, 32 * kRowWarps, 0, st, pdl, a, small);
+  return launch_maybe_pdl(select_row_kernel<IPT, TopK::kBits>, grid, 32 * kRowWarps, 0, st, pdl, a, small);
 }
 
 template <int NT, int IPT>
@@ -627,7 +628,7 @@ cudaError_t launch(const SelectArgs& a, cudaStream_t st) {
     if (e != cudaSuccess) return e;
   }
   const int grid = static_cast<int>(rows < kMaxGrid ? rows : kMaxGrid);
-  return launch_kernel(select_kernel<NT, IPT>, grid, NT, bytes, st, pdl_enabled(), a);
+  return launch_maybe_pdl(select_kernel<NT, IPT>, grid, NT, bytes, st, pdl_enabled(), a);
 }
 
 }  // namespace
