@@ -62,6 +62,29 @@ std::int64_t blocks(std::int64_t len, std::int64_t blk) { return blk > 0 ? (len 
 
 // ------------------------------------------------------------------------------------------------
 
+// The params of build_block_map from the block_map schema's arguments (q, k: logical views; the
+// per-head values must outlive the call), without exec.
+BlockMapParams block_map_params(const char* op, const at::Tensor& q, const at::Tensor& k, const PerHeadValues& topk,
+                                const PerHeadValues& cdfthreshd, const PerHeadValues& simthreshd1, std::int64_t blkq,
+                                std::int64_t blkk, bool is_causal, bool attention_sink, bool smooth_k, double scale,
+                                const at::Tensor& lut, const at::Tensor& counts) {
+  BlockMapParams p;
+  p.q = view(q, op, "q");
+  p.k = view(k, op, "k");
+  p.blkq = static_cast<int>(blkq);
+  p.blkk = static_cast<int>(blkk);
+  p.scale = static_cast<float>(scale);
+  p.topk = topk.span();
+  p.cdfthreshd = cdfthreshd.span();
+  p.simthreshd1 = simthreshd1.span();
+  p.is_causal = is_causal;
+  p.attention_sink = attention_sink;
+  p.smooth_k = smooth_k;
+  p.lut = view(lut, op, "lut");
+  p.counts = view(counts, op, "counts");
+  return p;
+}
+
 std::tuple<at::Tensor, at::Tensor> block_map(const at::Tensor& q_user, const at::Tensor& k_user,
                                              std::optional<c10::ArrayRef<double>> topk,
                                              std::optional<c10::ArrayRef<double>> cdfthreshd,
@@ -79,20 +102,8 @@ std::tuple<at::Tensor, at::Tensor> block_map(const at::Tensor& q_user, const at:
   at::Tensor counts = at::empty({q.size(0), q.size(2), nq}, i32(q));
 
   const PerHeadValues topk_v = per_head(topk), cdf_v = per_head(cdfthreshd), sim_v = per_head(simthreshd1);
-  BlockMapParams p;
-  p.q = view(q, op, "q");
-  p.k = view(k, op, "k");
-  p.blkq = static_cast<int>(blkq);
-  p.blkk = static_cast<int>(blkk);
-  p.scale = static_cast<float>(scale);
-  p.topk = topk_v.span();
-  p.cdfthreshd = cdf_v.span();
-  p.simthreshd1 = sim_v.span();
-  p.is_causal = is_causal;
-  p.attention_sink = attention_sink;
-  p.smooth_k = smooth_k;
-  p.lut = view(lut, op, "lut");
-  p.counts = view(counts, op, "counts");
+  BlockMapParams p = block_map_params(op, q, k, topk_v, cdf_v, sim_v, blkq, blkk, is_causal, attention_sink, smooth_k,
+                                      scale, lut, counts);
   p.exec = ctx.exec();
   throw_if_error(build_block_map(p));
   return {lut, counts};
@@ -162,20 +173,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparge_attn_fp8(
   qk.smooth_k = smooth_k;
 
   const PerHeadValues topk_v = per_head(topk), cdf_v = per_head(cdfthreshd), sim_v = per_head(simthreshd1);
-  BlockMapParams m;
-  m.q = view(q, op, "q");
-  m.k = view(k, op, "k");
-  m.blkq = static_cast<int>(blkq);
-  m.blkk = static_cast<int>(blkk);
-  m.scale = static_cast<float>(scale);
-  m.topk = topk_v.span();
-  m.cdfthreshd = cdf_v.span();
-  m.simthreshd1 = sim_v.span();
-  m.is_causal = is_causal;
-  m.attention_sink = attention_sink;
-  m.smooth_k = smooth_k;
-  m.lut = view(lut, op, "lut");
-  m.counts = view(counts, op, "counts");
+  BlockMapParams m = block_map_params(op, q, k, topk_v, cdf_v, sim_v, blkq, blkk, is_causal, attention_sink, smooth_k,
+                                      scale, lut, counts);
   m.maybe_fp8_qk = qk;
   m.exec = ctx.exec();
   throw_if_error(build_block_map(m));

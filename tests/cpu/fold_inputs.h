@@ -69,4 +69,21 @@ inline QuantizedQK fold_qk(void* q8, float* q_scale, void* k8, float* k_scale, f
   return qk;
 }
 
+// The block map params of the fold tests: top-k with one value, no similarity test.
+inline BlockMapParams fold_map_params(const Tensor& q, const Tensor& k, int blkq, int blkk, const float* topk, bool causal,
+                                      bool smooth, const Tensor& lut, const Tensor& counts, const QuantizedQK* fp8) {
+  BlockMapParams p;
+  p.q = q;
+  p.k = k;
+  p.blkq = blkq;
+  p.blkk = blkk;
+  p.topk = PerHead(topk, 1);
+  p.is_causal = causal;
+  p.smooth_k = smooth;
+  p.lut = lut;
+  p.counts = counts;
+  if (fp8 != nullptr) p.maybe_fp8_qk = *fp8;
+  return p;
+}
+
 }  // namespace sparge::test

@@ -97,17 +97,9 @@ Status run_map(const FCfg& c, const Inputs& in, MapOut& m, const QuantizedQK* fp
   const std::int64_t nq = num_blocks(c.sq, c.blkq), nk = num_blocks(c.sk, c.blkk);
   m.lut.assign(static_cast<size_t>(c.b * c.hq * nq * nk), -7);
   m.counts.assign(static_cast<size_t>(c.b * c.hq * nq), -7);
-  BlockMapParams p;
-  p.q = in.tq;
-  p.k = in.tk;
-  p.blkq = c.blkq;
-  p.blkk = c.blkk;
-  p.topk = PerHead(&kTopk, 1);
-  p.is_causal = c.causal;
-  p.smooth_k = c.smooth;
-  p.lut = make_tensor(m.lut.data(), DType::i32, {c.b, c.hq, nq, nk});
-  p.counts = make_tensor(m.counts.data(), DType::i32, {c.b, c.hq, nq});
-  if (fp8 != nullptr) p.maybe_fp8_qk = *fp8;
+  BlockMapParams p = fold_map_params(in.tq, in.tk, c.blkq, c.blkk, &kTopk, c.causal, c.smooth,
+                                     make_tensor(m.lut.data(), DType::i32, {c.b, c.hq, nq, nk}),
+                                     make_tensor(m.counts.data(), DType::i32, {c.b, c.hq, nq}), fp8);
   p.exec.cpu_threads = threads;
   return build_block_map(p);
 }

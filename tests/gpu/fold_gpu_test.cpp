@@ -117,17 +117,7 @@ Status run_map(const GCfg& c, const GInputs& in, DevMap& m, const QuantizedQK* f
     m.tlut = make_tensor(m.lut->data(), DType::i32, {c.b, c.hq, nq, nk});
     m.tcounts = make_tensor(m.counts->data(), DType::i32, {c.b, c.hq, nq});
   }
-  BlockMapParams p;
-  p.q = in.tq;
-  p.k = in.tk;
-  p.blkq = c.blkq;
-  p.blkk = c.blkk;
-  p.topk = PerHead(&topk, 1);
-  p.is_causal = c.causal;
-  p.smooth_k = c.smooth;
-  p.lut = m.tlut;
-  p.counts = m.tcounts;
-  if (fp8 != nullptr) p.maybe_fp8_qk = *fp8;
+  BlockMapParams p = fold_map_params(in.tq, in.tk, c.blkq, c.blkk, &topk, c.causal, c.smooth, m.tlut, m.tcounts, fp8);
   p.exec.backend = Backend::cuda;
   return build_block_map(p);
 }
