@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "cuda/pdl.cuh"
+
 namespace sparge::cuda::gather {
 
 struct Geometry {
@@ -51,25 +53,11 @@ struct Scratch {
   std::int64_t words_cap;  // ceil(ucap / 64)
 };
 
-// Programmatic dependent launch (SPARGE_GATHER_PDL=1, gather.cu): the attention kernel may be
-// launched while the union kernel before it is still running; it calls pdl_wait() before it reads
-// anything the union kernel writes (griddepcontrol.wait: every prerequisite grid complete, its
-// memory visible; returns at once after a launch without PDL). The union kernel lets the
-// dependent launch start as soon as all its CTAs are running (pdl_launch_dependents at its top),
-// so attention CTAs fill SMs as union CTAs leave. Nothing on sm_80 (the host asks for PDL on
-// sm_90 only).
-#ifdef __CUDACC__
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-#endif
+// Programmatic dependent launch (SPARGE_GATHER_PDL=1, gather.cu; pdl_wait / pdl_launch_dependents from
+// cuda/pdl.cuh): the attention kernel may be launched while the union kernel before it is still
+// running; it calls pdl_wait() before it reads anything the union kernel writes. The union kernel
+// lets the dependent launch start as soon as all its CTAs are running (pdl_launch_dependents at its
+// top), so attention CTAs fill SMs as union CTAs leave.
 
 // Flag words (error_flags.cuh) of gather_attention.
 enum FlagWord : int { kBadCount = 0, kBadIndex = 1, kDuplicate = 2, kNumFlags = 3 };
