@@ -389,6 +389,28 @@ struct GProblem {
   std::vector<std::int32_t> idx, counts;  // [b, hq, sq, n_max], [b, hq, sq]
 };
 
+// Times gather_attention(p): 3 warmup calls, then runs - 3 timed ones (CUDA events around each call);
+// every call must succeed. *ms receives the timed runs, sorted (median ms[size / 2]).
+void time_gather(const GatherAttentionParams& p, int runs, std::vector<float>* ms) {
+  cudaEvent_t e0, e1;
+  SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
+  SPARGE_CUDA_CHECK(cudaEventCreate(&e1));
+  ms->clear();
+  for (int it = 0; it < runs; ++it) {
+    SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+    const Status st = gather_attention(p);
+    SPARGE_CUDA_CHECK(cudaEventRecord(e1));
+    SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
+    ASSERT_TRUE(st.ok()) << st.message();
+    float x = 0;
+    SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
+    if (it >= 3) ms->push_back(x);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms->begin(), ms->end());
+}
+
 GProblem make_gather(const GCase& c, const std::string& salt) {
   GProblem g;
   g.c = c;
@@ -977,26 +999,12 @@ SPARGE_CASES(GatherGpu) {
                      for (bool uni : {false, true}) {
                        p.group_union = uni;
                        p.union_rows = 64;
-                       cudaEvent_t e0, e1;
-                       SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
-                       SPARGE_CUDA_CHECK(cudaEventCreate(&e1));
                        std::vector<float> ms;
-                       for (int it = 0; it < 13; ++it) {
-                         SPARGE_CUDA_CHECK(cudaEventRecord(e0));
-                         ASSERT_TRUE(gather_attention(p).ok());
-                         SPARGE_CUDA_CHECK(cudaEventRecord(e1));
-                         SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
-                         float x = 0;
-                         SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
-                         if (it >= 3) ms.push_back(x);
-                       }
-                       std::sort(ms.begin(), ms.end());
+                       ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms));
                        const double med = ms[ms.size() / 2];
                        std::printf("[perf] gather hd128 keys=2048 group_union=%d: median %.3f ms (min %.3f max %.3f), %.1f TFLOPS on attended keys; "
                                    "swap=%.2f union overlap (union / sum of lists per 64-row group) = %.4f\n",
                                    uni, med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, swap, sum_union / sum_lists);
-                       cudaEventDestroy(e0);
-                       cudaEventDestroy(e1);
                      }
                    }});
   }
@@ -1373,22 +1381,8 @@ SPARGE_CASES(GatherGpuPerfPaths) {
                          PathEnv env(pc);
                          ScopedEnv e1("SPARGE_GATHER_UNION_CTAS", std::strncmp(ctas, "1", 1) == 0 ? "1" : "8");
                          ScopedEnv e3("SPARGE_GATHER_OVERLAP", std::strlen(ctas) > 1 ? ctas + 9 : nullptr);
-                         cudaEvent_t e0, e1v;
-                         SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
-                         SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
                          std::vector<float> ms;
-                         for (int it = 0; it < 13; ++it) {
-                           SPARGE_CUDA_CHECK(cudaEventRecord(e0));
-                           ASSERT_TRUE(gather_attention(p).ok());
-                           SPARGE_CUDA_CHECK(cudaEventRecord(e1v));
-                           SPARGE_CUDA_CHECK(cudaEventSynchronize(e1v));
-                           float x = 0;
-                           SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1v));
-                           if (it >= 3) ms.push_back(x);
-                         }
-                         cudaEventDestroy(e0);
-                         cudaEventDestroy(e1v);
-                         std::sort(ms.begin(), ms.end());
+                         ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms));
                          const double med = ms[ms.size() / 2];
                          {
                            ScopedEnv e2("SPARGE_GATHER_PROFILE", "1");
@@ -1522,22 +1516,8 @@ SPARGE_CASES(GatherGpuKv) {
                        ScopedEnv e1("SPARGE_GATHER_PATH", v.path);
                        ScopedEnv e2("SPARGE_GATHER_OVERLAP", v.overlap);
                        ScopedEnv e4("SPARGE_GATHER_UNION_VARIANT", v.union_variant);
-                       cudaEvent_t e0, e1v;
-                       SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
-                       SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
                        std::vector<float> ms;
-                       for (int it = 0; it < 13; ++it) {
-                         SPARGE_CUDA_CHECK(cudaEventRecord(e0));
-                         ASSERT_TRUE(gather_attention(p).ok());
-                         SPARGE_CUDA_CHECK(cudaEventRecord(e1v));
-                         SPARGE_CUDA_CHECK(cudaEventSynchronize(e1v));
-                         float x = 0;
-                         SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1v));
-                         if (it >= 3) ms.push_back(x);
-                       }
-                       cudaEventDestroy(e0);
-                       cudaEventDestroy(e1v);
-                       std::sort(ms.begin(), ms.end());
+                       ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms));
                        const double med = ms[ms.size() / 2];
                        if (v.overlap == nullptr) {
                          ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
@@ -1638,22 +1618,8 @@ SPARGE_CASES(GatherGpuFastPerf) {
                          if (!filter.empty() && filter.find(std::string(",") + pc.label + ",") == std::string::npos && std::strcmp(pc.label, "default") != 0) continue;
                          PathEnv env(pc);
                          ScopedEnv uctas("SPARGE_GATHER_UNION_CTAS", std::strncmp(pc.label, "union_ctas=", 11) == 0 ? pc.label + 11 : nullptr);
-                         cudaEvent_t e0, e1v;
-                         SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
-                         SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
                          std::vector<float> ms;
-                         for (int it = 0; it < 23; ++it) {
-                           SPARGE_CUDA_CHECK(cudaEventRecord(e0));
-                           ASSERT_TRUE(gather_attention(p).ok());
-                           SPARGE_CUDA_CHECK(cudaEventRecord(e1v));
-                           SPARGE_CUDA_CHECK(cudaEventSynchronize(e1v));
-                           float x = 0;
-                           SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1v));
-                           if (it >= 3) ms.push_back(x);
-                         }
-                         cudaEventDestroy(e0);
-                         cudaEventDestroy(e1v);
-                         std::sort(ms.begin(), ms.end());
+                         ASSERT_NO_FATAL_FAILURE(time_gather(p, 23, &ms));
                          const double med = ms[ms.size() / 2];
                          {
                            ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
@@ -1701,21 +1667,7 @@ SPARGE_CASES(GatherGpuFastPerf) {
                                                   PathConfig{"ws", "ws"}}) {
                        PathEnv env(pc);
                        std::vector<float> ms;
-                       cudaEvent_t e0, e1v;
-                       SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
-                       SPARGE_CUDA_CHECK(cudaEventCreate(&e1v));
-                       for (int it = 0; it < 13; ++it) {
-                         SPARGE_CUDA_CHECK(cudaEventRecord(e0));
-                         ASSERT_TRUE(gather_attention(p).ok());
-                         SPARGE_CUDA_CHECK(cudaEventRecord(e1v));
-                         SPARGE_CUDA_CHECK(cudaEventSynchronize(e1v));
-                         float x = 0;
-                         SPARGE_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1v));
-                         if (it >= 3) ms.push_back(x);
-                       }
-                       cudaEventDestroy(e0);
-                       cudaEventDestroy(e1v);
-                       std::sort(ms.begin(), ms.end());
+                       ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms));
                        {
                          ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
                          ASSERT_TRUE(gather_attention(p).ok());
