@@ -324,6 +324,13 @@ def run_config(bench, args, d, causal):
                   checked_sparge(lambda q, k, v: sparge.sparge_attn(
                       q, k, v, topk=topk, is_causal=causal, blkq=args.blkq, blkk=args.blkk)),
                   sets, fd, fu, extra=dict(extra, kind="sparge_attn"))
+        if args.pv_ab:
+            # sparge_attn's default pvthreshd=50 against none (the kernel's pv_threshold vote path costs time).
+            bench.add(cfg, f"sparge_attn topk={topk} pvthreshd=None", f"sparge CUDA block_map+block_sparse_attn "
+                      f"{args.blkq}x{args.blkk}, no pv_threshold",
+                      checked_sparge(lambda q, k, v: sparge.sparge_attn(
+                          q, k, v, topk=topk, pvthreshd=None, is_causal=causal, blkq=args.blkq, blkk=args.blkk)),
+                      sets, fd, fu, extra=dict(extra, kind="sparge_attn_nopv"))
         bench.add(cfg, f"  block map topk={topk}", f"sparge CUDA block_map {args.blkq}x{args.blkk}",
                   checked_sparge(lambda q, k, v: sparge.block_map(
                       q, k, topk=topk, simthreshd1=-0.1, blkq=args.blkq, blkk=args.blkk, is_causal=causal)),
@@ -339,6 +346,13 @@ def run_config(bench, args, d, causal):
                       checked_sparge(lambda q, k, v: sparge.sparge_attn(
                           q, k, v, topk=topk, is_causal=causal, blkq=args.blkq, blkk=args.blkk, recipe="fp8")),
                       sets, fd, fu, extra=dict(extra, kind="sparge_attn_fp8"))
+            if args.pv_ab:
+                bench.add(cfg, f"sparge_attn fp8 topk={topk} pvthreshd=None", f"sparge block_map + block_sparse_attn "
+                          f"recipe fp8 {args.blkq}x{args.blkk}, no pv_threshold",
+                          checked_sparge(lambda q, k, v: sparge.sparge_attn(
+                              q, k, v, topk=topk, pvthreshd=None, is_causal=causal, blkq=args.blkq, blkk=args.blkk,
+                              recipe="fp8")),
+                          sets, fd, fu, extra=dict(extra, kind="sparge_attn_fp8_nopv"))
             frow8 = bench.add(cfg, f"  sparge kernel fp8 topk={topk}", f"sparge block_sparse_attn recipe fp8 "
                               f"{args.blkq}x{args.blkk} (prepass included)",
                               checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
@@ -710,7 +724,8 @@ def print_targets(rows, token_rows):
         # FlexAttention LUT against FlexAttention.
         for r in sub:
             topk = r.get("topk")
-            if r.get("kind") in ("sparge_attn", "sparge_attn_fp8") and cudnn and "median_ms" in r and topk in (0.4, 0.1):
+            with_map = ("sparge_attn", "sparge_attn_fp8", "sparge_attn_nopv", "sparge_attn_fp8_nopv")
+            if r.get("kind") in with_map and cudnn and "median_ms" in r and topk in (0.4, 0.1):
                 x = cudnn["median_ms"] / r["median_ms"]
                 want = 2.5 if topk == 0.4 else 8.5
                 lines.append(f"{r['name']} / cuDNN dense, {tag}: {x:.2f}x  (>= {want:.1f}x) {verdict(x, want)}")
@@ -831,6 +846,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes a while)")
     ap.add_argument("--fp8", action="store_true",
                     help="also time the fp8 recipe (sparge_attn and the kernel with recipe='fp8', prepass included)")
+    ap.add_argument("--pv-ab", action="store_true",
+                    help="also time sparge_attn with pvthreshd=None (fp16, and fp8 with --fp8) next to the default 50")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",

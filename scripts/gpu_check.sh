@@ -78,7 +78,7 @@ if has python; then
 fi
 
 if has compare; then
-  timeout 400 python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:---fp8} >"$OUT/compare.log" 2>&1; rc=$?
+  timeout 400 python3 bench/compare.py --out "$OUT" ${COMPARE_ARGS:---fp8 --pv-ab} >"$OUT/compare.log" 2>&1; rc=$?
   note "compare rc=$rc"
   tail -40 "$OUT/compare.log"
 fi
