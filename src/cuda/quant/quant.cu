@@ -181,16 +181,16 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(const Args a, std::i
 }
 
 // ---- pass 2: KV tiles --------------------------------------------------------------------------
-// The K half of a KV tile: the smoothed values' maximum per key block, k_scale, k8.
+// The K rows kr of tile j0 (thread (rg, u): rows rg + i R, 16-byte unit u), km the thread's 8 channels
+// of the K mean (used only with smoothing): each key block's scale from the smoothed values'
+// maximum, then the k8 bytes. kv_tile's K half and the stream variant's K tiles.
 template <int D, class T>
-__device__ __forceinline__ void k_part_of_tile(const Args& a, std::int64_t pair, std::int64_t j0,
-                                               const uint4 (&kr)[kTileKeys / (kThreads / (D / 8))]) {
+__device__ __forceinline__ void quantize_k_tile(const Args& a, std::int64_t pair, std::int64_t j0,
+                                                const uint4 (&kr)[kTileKeys / (kThreads / (D / 8))],
+                                                const float (&km)[8]) {
   constexpr int U = D / 8, R = kThreads / U, kRows = kTileKeys / R, kWarps = kThreads / 32;
   __shared__ std::uint32_t s_amax[kWarps][2];
   const int tid = threadIdx.x, u = tid % U, rg = tid / U, lane = tid % 32, warp = tid / 32;
-  float km[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
 
   // K: the smoothed values' maximum per key block (two blocks of 64 or one of 128 per tile).
   const auto block_of = [&](int row) { return a.blkk == 64 ? row / 64 : 0; };
@@ -242,6 +242,17 @@ __device__ __forceinline__ void k_part_of_tile(const Args& a, std::int64_t pair,
     for (int e = 0; e < 8; ++e) inv[e] = block_of(row) == 0 ? sc0.inv : sc1.inv;
     *reinterpret_cast<uint2*>(a.out.k8 + (pair * a.sk + j) * D + u * 8) = quantize8(x, inv);
   }
+}
+
+// The K half of a KV tile: the smoothed values' maximum per key block, k_scale, k8.
+template <int D, class T>
+__device__ __forceinline__ void k_part_of_tile(const Args& a, std::int64_t pair, std::int64_t j0,
+                                               const uint4 (&kr)[kTileKeys / (kThreads / (D / 8))]) {
+  const int u = threadIdx.x % (D / 8);
+  float km[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
+  quantize_k_tile<D, T>(a, pair, j0, kr, km);
 }
 
 // The V half of a KV tile.
@@ -688,9 +699,8 @@ __device__ __forceinline__ void stream_v_stats(const Args& a, std::int64_t pair,
 template <int D, class T>
 __device__ __forceinline__ void stream_k_tile(const Args& a, std::int64_t pair, std::int64_t tile, const unsigned char* st,
                                               bool known) {
-  constexpr int U = D / 8, R = kThreads / U, kRows = kTileKeys / R, kWarps = kThreads / 32;
-  __shared__ std::uint32_t s_amax[kWarps][2];
-  const int tid = threadIdx.x, u = tid % U, rg = tid / U, lane = tid % 32, warp = tid / 32;
+  constexpr int U = D / 8, R = kThreads / U, kRows = kTileKeys / R;
+  const int tid = threadIdx.x, u = tid % U, rg = tid / U;
   const std::int64_t j0 = tile * kTileKeys;
   uint4 kr[kRows];
 #pragma unroll
@@ -701,55 +711,7 @@ __device__ __forceinline__ void stream_k_tile(const Args& a, std::int64_t pair, 
 #pragma unroll
     for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
   }
-  const auto block_of = [&](int row) { return a.blkk == 64 ? row / 64 : 0; };
-  const auto smoothed = [&](const uint4& raw, float (&x)[8]) {
-    unpack8<T>(raw, x);
-    if (a.smooth) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = rule::smooth(x[e], km[e]);
-    }
-  };
-  std::uint32_t am[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int row = rg + i * R;
-    if (j0 + row >= a.sk) continue;
-    float x[8];
-    smoothed(kr[i], x);
-    std::uint32_t m = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) m = max(m, rule::abs_bits(x[e]));
-    if (block_of(row) == 0) am[0] = max(am[0], m); else am[1] = max(am[1], m);
-  }
-  am[0] = __reduce_max_sync(0xffffffffu, am[0]);
-  am[1] = __reduce_max_sync(0xffffffffu, am[1]);
-  if (lane == 0) {
-    s_amax[warp][0] = am[0];
-    s_amax[warp][1] = am[1];
-  }
-  __syncthreads();
-  std::uint32_t m0 = 0, m1 = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    m0 = max(m0, s_amax[w][0]);
-    m1 = max(m1, s_amax[w][1]);
-  }
-  const rule::Pow2Scale sc0 = rule::pow2_scale(m0), sc1 = rule::pow2_scale(m1);
-  if (tid < kTileKeys / a.blkk) {
-    const std::int64_t kb = j0 / a.blkk + tid;
-    if (kb < a.nkb) a.out.k_scale[pair * a.nkb + kb] = tid == 0 ? sc0.scale : sc1.scale;
-  }
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int row = rg + i * R;
-    const std::int64_t j = j0 + row;
-    if (j >= a.sk) continue;
-    float x[8], inv[8];
-    smoothed(kr[i], x);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) inv[e] = block_of(row) == 0 ? sc0.inv : sc1.inv;
-    *reinterpret_cast<uint2*>(a.out.k8 + (pair * a.sk + j) * D + u * 8) = quantize8(x, inv);
-  }
+  quantize_k_tile<D, T>(a, pair, j0, kr, km);
 }
 
 // 1 / s for a power of two s = 2^k, k in [-126, 127) (v_scale's range): 2^-k from the bits, exact.
