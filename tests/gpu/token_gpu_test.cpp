@@ -668,6 +668,27 @@ KvLists kv_lists(const GProblem& g) {
   return kv;
 }
 
+// Union overlap of kv-head lists: per group of 64 positions of one kv head, the union's size over the
+// sum of the group's (distinct) list lengths, summed over all groups before dividing.
+double union_overlap(const KvLists& kv) {
+  const GCase& c = kv.expanded.c;
+  double sum_lists = 0, sum_union = 0;
+  for (std::int64_t bh = 0; bh < c.b * c.hk; ++bh)
+    for (std::int64_t i0 = 0; i0 < c.sq; i0 += 64) {
+      std::vector<char> seen(static_cast<size_t>(c.sk), 0);
+      for (std::int64_t i = i0; i < std::min(i0 + 64, c.sq); ++i) {
+        const std::int64_t row = bh * c.sq + i;
+        for (int t = 0; t < kv.counts[static_cast<size_t>(row)]; ++t) {
+          char& f = seen[static_cast<size_t>(kv.idx[static_cast<size_t>(row * c.n_max + t)])];
+          sum_union += f == 0;
+          f = 1;
+        }
+        sum_lists += kv.counts[static_cast<size_t>(row)];
+      }
+    }
+  return sum_union / sum_lists;
+}
+
 // Empties every list of kv head 0 at positions [0, n) (a whole union group without keys).
 void empty_positions(KvLists& kv, std::int64_t n) {
   const GCase& c = kv.expanded.c;
@@ -1471,20 +1492,7 @@ SPARGE_CASES(GatherGpuKv) {
                      dik.upload(kv.idx);
                      dck.upload(kv.counts);
                      // Union overlap per 64-position group: union / sum of the distinct lists.
-                     double sum_lists = 0, sum_union = 0;
-                     for (std::int64_t hk = 0; hk < c.hk; ++hk)
-                       for (std::int64_t i0 = 0; i0 < c.sq; i0 += 64) {
-                         std::vector<char> seen(static_cast<size_t>(c.sk), 0);
-                         for (std::int64_t i = i0; i < std::min(i0 + 64, c.sq); ++i) {
-                           const std::int64_t row = hk * c.sq + i;
-                           for (int t = 0; t < kv.counts[static_cast<size_t>(row)]; ++t) {
-                             char& f = seen[static_cast<size_t>(kv.idx[static_cast<size_t>(row * c.n_max + t)])];
-                             sum_union += f == 0;
-                             f = 1;
-                           }
-                           sum_lists += kv.counts[static_cast<size_t>(row)];
-                         }
-                       }
+                     const double overlap = gather_kv::union_overlap(kv);
                      GatherAttentionParams p;
                      p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
                      p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
@@ -1536,7 +1544,7 @@ SPARGE_CASES(GatherGpuKv) {
                                    "max |O - O(first)| = %.2e\n",
                                    kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.overlap ? v.overlap : "off",
                                    v.union_variant ? v.union_variant : "5", med,
-                                   ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, sum_union / sum_lists, diff);
+                                   ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, overlap, diff);
                        EXPECT_LE(diff, 2e-2);
                      }
                    }});
@@ -1572,21 +1580,8 @@ SPARGE_CASES(GatherGpuFastPerf) {
                      const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
                      // Union overlap per 64-position group (kv-head lists; the per-query-head
                      // lists of a position are copies): union size / sum of the distinct lists.
-                     double sum_lists = 0, sum_union = 0;
-                     for (std::int64_t hk = 0; hk < c.hk; ++hk)
-                       for (std::int64_t i0 = 0; i0 < c.sq; i0 += 64) {
-                         std::vector<char> seen(static_cast<size_t>(c.sk), 0);
-                         for (std::int64_t i = i0; i < std::min(i0 + 64, c.sq); ++i) {
-                           const std::int64_t row = hk * c.sq + i;
-                           for (int t = 0; t < kv.counts[static_cast<size_t>(row)]; ++t) {
-                             char& f = seen[static_cast<size_t>(kv.idx[static_cast<size_t>(row * c.n_max + t)])];
-                             sum_union += f == 0;
-                             f = 1;
-                           }
-                           sum_lists += kv.counts[static_cast<size_t>(row)];
-                         }
-                       }
-                     std::printf("[perf fast] union overlap (union / sum of distinct lists per 64-position group) = %.4f\n", sum_union / sum_lists);
+                     const double overlap = gather_kv::union_overlap(kv);
+                     std::printf("[perf fast] union overlap (union / sum of distinct lists per 64-position group) = %.4f\n", overlap);
                      const char* only = std::getenv("SPARGE_TEST_GATHER_FAST");
                      const std::string filter = only != nullptr ? std::string(",") + only + "," : "";
                      // The default (wgmma BM 128 + prefetch, union at >= 32 lists per CTA since
