@@ -204,6 +204,16 @@ __device__ __forceinline__ void softmax_step(float (&s)[kNT][4], float (&o)[kDT]
 
 // Full row sums across the quad, normalise, write O and LSE of the thread's rows gr_lo and
 // gr_lo + 8 (rows past the group's end are skipped).
+// P of the 16-key step kk as an A fragment (mma m16n8k16 / wgmma m64nNk16): the fp32 score tiles
+// 2 kk and 2 kk + 1 (the accumulator layout) packed into T pairs.
+template <class T, int kNT>
+__device__ __forceinline__ void pack_p(const float (&s)[kNT][4], int kk, std::uint32_t (&p)[4]) {
+  p[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+  p[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+  p[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  p[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 template <class T, int kDT>
 __device__ __forceinline__ void epilogue(const AttnArgs& a, const GroupPos& gp, const float (&o)[kDT][4],
                                          const float (&m)[2], const float (&l)[2], int gr_lo, int tq) {
@@ -361,10 +371,7 @@ __global__ void __launch_bounds__(W * 32) attention_kernel(const AttnArgs a) {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       std::uint32_t p[4];
-      p[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      p[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      p[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      p[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pack_p<T>(s, kk, p);
 #pragma unroll
       for (int dp = 0; dp < kDT / 2; ++dp) {
         std::uint32_t b[4];

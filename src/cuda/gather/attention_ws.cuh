@@ -363,10 +363,7 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       rescale_o<kDT>(o, alpha);
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
-        p[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-        p[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-        p[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        p[kk][3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        pack_p<T>(s, kk, p[kk]);
       }
     };
 
