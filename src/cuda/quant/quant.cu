@@ -181,16 +181,20 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(const Args a, std::i
 }
 
 // ---- pass 2: KV tiles --------------------------------------------------------------------------
-// The K rows kr of tile j0 (thread (rg, u): rows rg + i R, 16-byte unit u), km the thread's 8 channels
-// of the K mean (used only with smoothing): each key block's scale from the smoothed values'
-// maximum, then the k8 bytes. kv_tile's K half and the stream variant's K tiles.
-template <int D, class T>
+// The K rows kr of tile j0 (thread (rg, u): rows rg + i R, 16-byte unit u): each key block's scale
+// from the smoothed values' maximum, then the k8 bytes. The K mean is read when smoothing (always with
+// kMeanAlways: kv_tile's K half; the stream variant's K tiles read it only when smoothing).
+template <int D, class T, bool kMeanAlways>
 __device__ __forceinline__ void quantize_k_tile(const Args& a, std::int64_t pair, std::int64_t j0,
-                                                const uint4 (&kr)[kTileKeys / (kThreads / (D / 8))],
-                                                const float (&km)[8]) {
+                                                const uint4 (&kr)[kTileKeys / (kThreads / (D / 8))]) {
   constexpr int U = D / 8, R = kThreads / U, kRows = kTileKeys / R, kWarps = kThreads / 32;
   __shared__ std::uint32_t s_amax[kWarps][2];
   const int tid = threadIdx.x, u = tid % U, rg = tid / U, lane = tid % 32, warp = tid / 32;
+  float km[8] = {};
+  if (kMeanAlways || a.smooth) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
+  }
 
   // K: the smoothed values' maximum per key block (two blocks of 64 or one of 128 per tile).
   const auto block_of = [&](int row) { return a.blkk == 64 ? row / 64 : 0; };
@@ -242,17 +246,6 @@ __device__ __forceinline__ void quantize_k_tile(const Args& a, std::int64_t pair
     for (int e = 0; e < 8; ++e) inv[e] = block_of(row) == 0 ? sc0.inv : sc1.inv;
     *reinterpret_cast<uint2*>(a.out.k8 + (pair * a.sk + j) * D + u * 8) = quantize8(x, inv);
   }
-}
-
-// The K half of a KV tile: the smoothed values' maximum per key block, k_scale, k8.
-template <int D, class T>
-__device__ __forceinline__ void k_part_of_tile(const Args& a, std::int64_t pair, std::int64_t j0,
-                                               const uint4 (&kr)[kTileKeys / (kThreads / (D / 8))]) {
-  const int u = threadIdx.x % (D / 8);
-  float km[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
-  quantize_k_tile<D, T>(a, pair, j0, kr, km);
 }
 
 // The V half of a KV tile.
@@ -335,7 +328,7 @@ __device__ __forceinline__ void kv_tile(const Args& a, std::int64_t pair, std::i
     }
   }
   wait_ready(a, pair);
-  if (a.qk) k_part_of_tile<D, T>(a, pair, j0, kr);
+  if (a.qk) quantize_k_tile<D, T, true>(a, pair, j0, kr);  // the K half
   v_part_of_tile<D, T>(a, pair, j0, vr);
 }
 
@@ -705,13 +698,8 @@ __device__ __forceinline__ void stream_k_tile(const Args& a, std::int64_t pair, 
   uint4 kr[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) kr[i] = lds16<D>(st, rg + i * R, u);
-  float km[8] = {};
-  if (a.smooth) {
-    if (!known) wait_flag(&a.ready[pair]);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) km[e] = __ldcg(&a.out.k_mean[pair * D + u * 8 + e]);
-  }
-  quantize_k_tile<D, T>(a, pair, j0, kr, km);
+  if (a.smooth && !known) wait_flag(&a.ready[pair]);
+  quantize_k_tile<D, T, false>(a, pair, j0, kr);
 }
 
 // 1 / s for a power of two s = 2^k, k in [-126, 127) (v_scale's range): 2^-k from the bits, exact.
