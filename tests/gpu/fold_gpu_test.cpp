@@ -211,7 +211,7 @@ void run_gpu_case(const GCfg& c) {
   cq::QuantBuffers vonly;
   vonly.v8t = v8t_only.data();
   vonly.v_scale = v_scale_only.data();
-  for (const char* variant : {static_cast<const char*>(nullptr), "launches"}) {  // SPARGE_QUANT_VONLY
+  for (const char* variant : {static_cast<const char*>(nullptr), "launches", "split"}) {  // SPARGE_QUANT_VONLY
     ScopedEnv env("SPARGE_QUANT_VONLY", variant);
     v8t_only.poison(), v_scale_only.poison();
     ASSERT_EQ(cq::quantize_v(p, vonly, nullptr), cudaSuccess);
@@ -220,13 +220,13 @@ void run_gpu_case(const GCfg& c) {
     EXPECT_EQ(first_diff(("v8t" + tag).c_str(), v8t_only.download(), v8t.download()), "");
     EXPECT_EQ(first_diff(("v_scale" + tag).c_str(), v_scale_only.download(), v_scale.download()), "");
   }
-  for (const char* occ : {static_cast<const char*>(nullptr), "3", "4"}) {  // SPARGE_QUANT_SHIFT_OCC
+  for (const char* occ : {static_cast<const char*>(nullptr), "2", "4"}) {  // SPARGE_QUANT_SHIFT_OCC
     if (!c.smooth) break;
     ScopedEnv env("SPARGE_QUANT_SHIFT_OCC", occ);
     shift_only.poison();
     ASSERT_EQ(cq::lse_shift(p, k_mean.data(), shift_only.data(), nullptr), cudaSuccess);
     SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::string what = std::string("lse_shift (shift kernel, occ ") + (occ != nullptr ? occ : "2") + ")";
+    const std::string what = std::string("lse_shift (shift kernel, occ ") + (occ != nullptr ? occ : "3") + ")";
     EXPECT_EQ(first_diff(what.c_str(), shift_only.download(), shift.download()), "");
   }
   EXPECT_TRUE(v8t_only.guards_intact() && v_scale_only.guards_intact() && shift_only.guards_intact());
@@ -442,7 +442,7 @@ SPARGE_CASES(FoldGpu) {
             const char* variant;
             const char* group;
           };
-          for (const VCfg& vc : {VCfg{nullptr, nullptr}, VCfg{"launches", nullptr}}) {
+          for (const VCfg& vc : {VCfg{nullptr, nullptr}, VCfg{"launches", nullptr}, VCfg{"split", nullptr}}) {
             ScopedEnv env_v("SPARGE_QUANT_VONLY", vc.variant);
             ScopedEnv env("SPARGE_QUANT_GROUP", vc.group);
             const char* group = vc.group;

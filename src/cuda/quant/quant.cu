@@ -709,19 +709,24 @@ __device__ __forceinline__ float inv_pow2(float s) { return __uint_as_float((254
 // k0 + {0, 2, 4, 6} and units 2a, 2a + 1 in a phase of 8 lanes: 8 distinct 16-byte slots mod 128
 // bytes at the pitch of 17 slots), and each channel's 4 bytes stored straight to v8t: a warp's
 // store covers 64 consecutive bytes of two v8t rows (whole 32-byte sectors), no transpose tile.
-template <int D, class T>
+// kFromMax (the split variant): the scales from the V maxima themselves (the rule's pow2_scale of
+// vamax, the value the other variants store in v_scale first), so no flag and no v_scale read.
+template <int D, class T, bool kFromMax = false>
 __device__ __forceinline__ void stream_v_tile(const Args& a, std::int64_t pair, std::int64_t tile, const unsigned char* st,
                                               bool known) {
   constexpr int U = D / 8, kVCombos = U * (kTileKeys / 4) / kThreads;
   const int tid = threadIdx.x;
   const std::int64_t j0 = tile * kTileKeys;
-  if (!known) wait_flag(&a.ready_v[pair]);
+  if (!kFromMax && !known) wait_flag(&a.ready_v[pair]);
 #pragma unroll
   for (int k = 0; k < kVCombos; ++k) {
     const int x = tid + kThreads * k, vu = 2 * (x / 64) + x % 2, quad = (x / 2) % 32;
     float vinv[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) vinv[e] = inv_pow2(__ldcg(&a.out.v_scale[pair * D + vu * 8 + e]));
+    for (int e = 0; e < 8; ++e) {
+      const std::int64_t c = pair * D + vu * 8 + e;
+      vinv[e] = inv_pow2(kFromMax ? rule::pow2_scale(a.vamax[c]).scale : __ldcg(&a.out.v_scale[c]));
+    }
     uint2 q8[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -865,6 +870,91 @@ __global__ void __launch_bounds__(kThreads, 2) stream_kernel(const Args a, const
   }
 }
 
+// ---- the split variant (V only) --------------------------------------------------------------------
+// Two plain launches at the copy bandwidth instead of one scheduled persistent one:
+//   vmax_kernel: grid (X, column groups, B); thread (column, row lane) owns 8 channels of one kv
+//     head and walks the rows s = x R + lane + i X R, kUnroll rows of loads in flight, keeping the
+//     maximum of |v| bits in registers; one atomicMax per channel and thread at the end. The rows
+//     read last are each sequence's last.
+//   vtile_kernel: one CTA per V tile (128 keys of one kv head), last tile first (those rows are
+//     still in L2 from vmax_kernel), staged in shared memory and written by stream_v_tile with the
+//     scales taken from the maxima; the CTAs of tile 0 also store v_scale.
+// Same arithmetic as the other variants (the maximum of bits is order independent): the same bytes.
+template <int D, class T>
+__global__ void __launch_bounds__(kThreads) vmax_kernel(const Args a, int ceff, int lanes, std::int64_t b0) {
+  constexpr int U = D / 8, kUnroll = 8;
+  const int tid = threadIdx.x, lane = tid / ceff;
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.y) * ceff + tid % ceff;
+  if (lane >= lanes || col >= a.hk * U) return;
+  const std::int64_t b = b0 + blockIdx.z, hk = col / U;
+  const int u = static_cast<int>(col % U);
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * lanes;
+  std::uint32_t mx[8] = {};
+  for (std::int64_t s0 = static_cast<std::int64_t>(blockIdx.x) * lanes + lane; s0 < a.sk; s0 += kUnroll * step) {
+    uint4 r[kUnroll];
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) {
+      const std::int64_t s = s0 + i * step;
+      r[i] = s < a.sk ? load8(a.v, b, s, hk, u) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) {
+      float x[8];
+      unpack8<T>(r[i], x);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) mx[e] = max(mx[e], rule::abs_bits(x[e]));
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (mx[e] != 0) atomicMax(&a.vamax[(b * a.hk + hk) * D + u * 8 + e], mx[e]);
+  }
+}
+
+template <int D, class T>
+__global__ void __launch_bounds__(kThreads) vtile_kernel(const Args a, std::int64_t pairs) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const std::int64_t idx = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
+  const std::int64_t pair = idx % pairs, tile = idx / pairs;
+  const std::int64_t b = pair / a.hk, hk = pair % a.hk;
+  stage_rows<D>(smem, a.v, b, hk, tile * kTileKeys, a.sk);
+  cp_async_commit();
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  __syncthreads();
+  stream_v_tile<D, T, true>(a, pair, tile, smem, true);
+  if (tile == 0 && threadIdx.x < D) a.out.v_scale[pair * D + threadIdx.x] = rule::pow2_scale(a.vamax[pair * D + threadIdx.x]).scale;
+}
+
+template <int D, class T>
+cudaError_t launch_split(const Args& a, std::int64_t pairs, cudaStream_t stream) {
+  constexpr int U = D / 8;
+  const std::int64_t b_total = pairs / a.hk, cols = a.hk * U;
+  const int ceff = static_cast<int>(std::min<std::int64_t>(cols, kThreads)), lanes = kThreads / ceff;
+  const std::int64_t groups = (cols + ceff - 1) / ceff;
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, vmax_kernel<D, T>, kThreads, 0);
+  if (e != cudaSuccess) return e;
+  if (groups > 65535) return cudaErrorInvalidValue;  // Hk * D / 8 > 16.7 M columns
+  // About one resident wave of CTAs in all, each walking its share of the rows.
+  const std::int64_t want = std::max<std::int64_t>(1, static_cast<std::int64_t>(sms) * std::max(per_sm, 1) / (groups * b_total));
+  const std::int64_t x = std::min<std::int64_t>(want, (a.sk + lanes - 1) / lanes);
+  for (std::int64_t b0 = 0; b0 < b_total; b0 += 65535) {
+    const auto nb = static_cast<unsigned>(std::min<std::int64_t>(65535, b_total - b0));
+    vmax_kernel<D, T><<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(groups), nb), kThreads, 0, stream>>>(a, ceff, lanes, b0);
+  }
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const std::int64_t tiles = pairs * a.ntiles;
+  if (tiles > 0x7fffffff) return cudaErrorInvalidValue;
+  constexpr int smem = stage_bytes<D>();
+  e = cudaFuncSetAttribute(vtile_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  vtile_kernel<D, T><<<static_cast<unsigned>(tiles), kThreads, smem, stream>>>(a, pairs);
+  return cudaGetLastError();
+}
+
 Src make_src(const Tensor& t) {
   Src s{};
   s.data = static_cast<const std::uint16_t*>(t.data);
@@ -884,7 +974,7 @@ std::int64_t env_int(const char* name) {
   const char* e = std::getenv(name);
   return e == nullptr ? 0 : std::atoll(e);
 }
-enum class Variant { launches, fused, stream };
+enum class Variant { launches, fused, stream, split };
 Variant variant_from_env() {
   const char* e = std::getenv("SPARGE_QUANT_VARIANT");
   if (e == nullptr) return Variant::launches;
@@ -896,9 +986,12 @@ Variant variant_from_env() {
 // persistent pipelined launch over V chunks and V tiles) or `launches` (the two passes per group).
 // H200, b2 h32 s16384 d128 (session 5 round 2): stream 0.321 ms (group 2; 4: 0.328, all: 0.336),
 // launches 0.423 (group all; 8: 0.535), for 671 MB (V read twice, v8t written): 2.09 TB/s.
+// `split` (2026-11-30, session 6): vmax_kernel then vtile_kernel, two plain launches.
 Variant v_only_variant_from_env() {
   const char* e = std::getenv("SPARGE_QUANT_VONLY");
-  return e != nullptr && std::string(e) == "launches" ? Variant::launches : Variant::stream;
+  if (e == nullptr) return Variant::stream;
+  const std::string v(e);
+  return v == "launches" ? Variant::launches : v == "split" ? Variant::split : Variant::stream;
 }
 
 template <int D, class T>
@@ -950,6 +1043,7 @@ cudaError_t launch_stream(const Args& a, std::int64_t pairs, cudaStream_t stream
 
 template <int D, class T>
 cudaError_t launch(Args a, std::int64_t pairs, Variant variant, cudaStream_t stream) {
+  if (variant == Variant::split && !a.qk) return launch_split<D, T>(a, pairs, stream);
   if (variant == Variant::stream) return launch_stream<D, T>(a, pairs, stream);
   if (variant == Variant::fused) return launch_fused<D, T>(a, pairs, stream);
   std::int64_t per = env_int("SPARGE_QUANT_GROUP");
@@ -1062,9 +1156,10 @@ cudaError_t lse_shift(const BlockSparseAttentionParams& p, const float* k_mean, 
   const std::int64_t ctas = sh.b * sh.hq * a.qtiles;  // (pair * group + g) * qtiles + qt
   if (ctas == 0) return cudaSuccess;
   if (ctas > 0x7fffffff) return cudaErrorInvalidValue;
-  // SPARGE_QUANT_SHIFT_OCC=2|3|4 (read per call; default 2): CTAs per SM the kernel's registers are
-  // capped for (H200, session 5: 0.246 ms at 2 for 273 MB, 1.1 TB/s: a CTA loads, then computes,
-  // so more resident CTAs keep more loads in flight). Same bits.
+  // SPARGE_QUANT_SHIFT_OCC=2|3|4 (read per call; default 3): CTAs per SM the kernel's registers are
+  // capped for (H200, session 5 final round, b2 h32 s16384 d128: 0.253 ms at 2, 0.194 at 3, 0.222 at
+  // 4, for 273 MB: a CTA loads, then computes, so more resident CTAs keep more loads in flight).
+  // Same bits at every value (FOLD_GPU compares 2, 3 and 4 with the prepass's shift).
   const std::int64_t occ = env_int("SPARGE_QUANT_SHIFT_OCC");
   const bool bf = t == DType::bf16;
   const auto grid = static_cast<unsigned>(ctas);
@@ -1073,10 +1168,10 @@ cudaError_t lse_shift(const BlockSparseAttentionParams& p, const float* k_mean, 
     using T = decltype(type);
     if (occ == 4) {
       lse_shift_kernel<D, T, 4><<<grid, kThreads, 0, stream>>>(a);
-    } else if (occ == 3) {
-      lse_shift_kernel<D, T, 3><<<grid, kThreads, 0, stream>>>(a);
-    } else {
+    } else if (occ == 2) {
       lse_shift_kernel<D, T, 2><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      lse_shift_kernel<D, T, 3><<<grid, kThreads, 0, stream>>>(a);
     }
   };
   if (sh.d == 128) {
