@@ -211,12 +211,12 @@ void run_gpu_case(const GCfg& c) {
   cq::QuantBuffers vonly;
   vonly.v8t = v8t_only.data();
   vonly.v_scale = v_scale_only.data();
-  for (const char* variant : {static_cast<const char*>(nullptr), "launches", "split"}) {  // SPARGE_QUANT_VONLY
+  for (const char* variant : {static_cast<const char*>(nullptr), "launches", "stream"}) {  // SPARGE_QUANT_VONLY
     ScopedEnv env("SPARGE_QUANT_VONLY", variant);
     v8t_only.poison(), v_scale_only.poison();
     ASSERT_EQ(cq::quantize_v(p, vonly, nullptr), cudaSuccess);
     SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::string tag = std::string(" (V-only prepass, ") + (variant != nullptr ? variant : "stream") + ")";
+    const std::string tag = std::string(" (V-only prepass, ") + (variant != nullptr ? variant : "split") + ")";
     EXPECT_EQ(first_diff(("v8t" + tag).c_str(), v8t_only.download(), v8t.download()), "");
     EXPECT_EQ(first_diff(("v_scale" + tag).c_str(), v_scale_only.download(), v_scale.download()), "");
   }
@@ -442,7 +442,7 @@ SPARGE_CASES(FoldGpu) {
             const char* variant;
             const char* group;
           };
-          for (const VCfg& vc : {VCfg{nullptr, nullptr}, VCfg{"launches", nullptr}, VCfg{"split", nullptr}}) {
+          for (const VCfg& vc : {VCfg{nullptr, nullptr}, VCfg{"launches", nullptr}, VCfg{"stream", nullptr}}) {
             ScopedEnv env_v("SPARGE_QUANT_VONLY", vc.variant);
             ScopedEnv env("SPARGE_QUANT_GROUP", vc.group);
             const char* group = vc.group;
@@ -450,7 +450,7 @@ SPARGE_CASES(FoldGpu) {
               return cq::quantize_v(p, vb, nullptr) == cudaSuccess ? Status{} : runtime_error("quantize_v");
             });
             std::printf("[ bench ] fold V-only prepass %s group %s: %.4f ms (%.0f MB: V read twice + v8t, %.0f GB/s)\n",
-                        vc.variant != nullptr ? vc.variant : "stream", group != nullptr ? group : "default", v_ms,
+                        vc.variant != nullptr ? vc.variant : "split", group != nullptr ? group : "default", v_ms,
                         bytes_v * 1e-6, bytes_v / v_ms * 1e-6);
           }
           for (const char* occ : {"2", "3", "4"}) {  // SPARGE_QUANT_SHIFT_OCC

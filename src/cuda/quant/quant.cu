@@ -982,16 +982,15 @@ Variant variant_from_env() {
   return v == "fused" ? Variant::fused : v == "stream" ? Variant::stream : Variant::launches;
 }
 
-// SPARGE_QUANT_VONLY (read per call): the V-only prepass (quantize_v) as `stream` (default: the
-// persistent pipelined launch over V chunks and V tiles) or `launches` (the two passes per group).
-// H200, b2 h32 s16384 d128 (session 5 round 2): stream 0.321 ms (group 2; 4: 0.328, all: 0.336),
-// launches 0.423 (group all; 8: 0.535), for 671 MB (V read twice, v8t written): 2.09 TB/s.
-// `split` (2026-11-30, session 6): vmax_kernel then vtile_kernel, two plain launches.
+// SPARGE_QUANT_VONLY (read per call): the V-only prepass (quantize_v) as `split` (default:
+// vmax_kernel then vtile_kernel), `stream` (the persistent pipelined launch over V chunks and V
+// tiles) or `launches` (the two passes per group). H200, b2 h32 s16384 d128, 671 MB (V read twice,
+// v8t written), session 6 round 1: split 0.218 ms (3.08 TB/s), stream 0.330, launches 0.436.
 Variant v_only_variant_from_env() {
   const char* e = std::getenv("SPARGE_QUANT_VONLY");
-  if (e == nullptr) return Variant::stream;
+  if (e == nullptr) return Variant::split;
   const std::string v(e);
-  return v == "launches" ? Variant::launches : v == "split" ? Variant::split : Variant::stream;
+  return v == "launches" ? Variant::launches : v == "stream" ? Variant::stream : Variant::split;
 }
 
 template <int D, class T>

@@ -58,9 +58,10 @@ cudaError_t quantize_qkv(const BlockSparseAttentionParams& p, const QuantBuffers
 
 // The prepass of a call whose Q and K came quantized (BlockSparseAttentionParams::maybe_fp8_qk,
 // written by build_block_map): V alone (out.v8t, out.v_scale; the other pointers are not used), the
-// same bytes as quantize_qkv's V. The stream variant's persistent launch over V chunks and V tiles,
-// or with SPARGE_QUANT_VONLY=launches one pass of V statistics and one of V tiles per group of kv
-// heads (SPARGE_QUANT_GROUP applies to both; SPARGE_QUANT_VARIANT does not). Same limits as
+// same bytes as quantize_qkv's V. By default two plain launches (V's channel maxima, then the V
+// tiles, last first); SPARGE_QUANT_VONLY=stream the stream variant's persistent launch over V chunks
+// and V tiles, =launches one pass of V statistics and one of V tiles per group of kv heads
+// (SPARGE_QUANT_GROUP applies to those two; SPARGE_QUANT_VARIANT to none). Same limits as
 // quantize_qkv.
 cudaError_t quantize_v(const BlockSparseAttentionParams& p, const QuantBuffers& out, cudaStream_t stream);
 
