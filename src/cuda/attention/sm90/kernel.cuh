@@ -269,13 +269,25 @@ __device__ __forceinline__ void load_kv_slab(const Sm90Params& P, void* dst, con
 template <class Tr>
 __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it,
                                          std::uint32_t q_phase, Ring<Tr>& ring) {
-  barrier_wait(sm.q_empty(), q_phase ^ 1);
-  barrier_expect_bytes(sm.q_full(), Tr::kQBytes);
+  const auto load_q = [&]() {
+    barrier_wait(sm.q_empty(), q_phase ^ 1);
+    barrier_expect_bytes(sm.q_full(), Tr::kQBytes);
 #pragma unroll
-  for (int s = 0; s < Tr::kSlabs; ++s) {
-    tma_load_4d(sm.ptr(sm.q() + s * Tr::kQSlab), &P.q_map, s * 64, t.q0, t.h, t.b_dim0, sm.q_full());
-  }
+    for (int s = 0; s < Tr::kSlabs; ++s) {
+      tma_load_4d(sm.ptr(sm.q() + s * Tr::kQSlab), &P.q_map, s * 64, t.q0, t.h, t.b_dim0, sm.q_full());
+    }
+  };
+  // kVariantEarlyNext: the first K/V stage goes out before the wait for the Q buffer (which the
+  // previous tile's consumers release only after their last QK^T). No deadlock: that stage is
+  // freed by the previous tile's consumers alone, as the Q buffer is.
+  bool q_pending = (P.variant & kVariantEarlyNext) != 0, first = true;
+  if (!q_pending) load_q();
   for (;; ring.advance()) {
+    if (q_pending && !first) {  // after the first key tile's loads
+      load_q();
+      q_pending = false;
+    }
+    first = false;
     const KeyTile kt = next_tile<Tr>(it);
     if (kt.kb[0] < 0) break;
     const int st = ring.st;
@@ -313,6 +325,7 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
       }
     }
   }
+  if (q_pending) load_q();  // a tile without key tiles: its consumers still take and release Q
 }
 
 // Named barrier ids: 0 is __syncthreads, 1 the legacy pv_threshold vote (all consumer threads),
@@ -964,6 +977,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
         const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
         if (t.q0 >= t.sq) continue;
+        if ((P.variant & kVariantEarlyNext) != 0 && slot + static_cast<int>(gridDim.x) < P.num_tiles) {
+          // The next tile's Q into L2 now: its load (after this tile's last QK^T) then hits L2.
+          const Tile tn = make_tile(p, tile_at(P, slot + static_cast<int>(gridDim.x)), Tr::kBlockQ);
+          if (tn.q0 < tn.sq) {
+#pragma unroll
+            for (int s = 0; s < Tr::kSlabs; ++s) tma_prefetch_4d(&P.q_map, s * 64, tn.q0, tn.h, tn.b_dim0);
+          }
+        }
         producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), q_phase, ring);
         q_phase ^= 1;
       }

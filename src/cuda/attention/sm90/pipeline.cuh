@@ -45,6 +45,14 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tensor_map, i
   ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, tensor_map, coords, bar);
 }
 
+// A hint: the same box fetched into L2 only (no shared memory, no barrier; PTX
+// cp.async.bulk.prefetch.tensor, which CCCL's cuda::ptx does not wrap).
+__device__ __forceinline__ void tma_prefetch_4d(const void* tensor_map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(tensor_map), "r"(c0),
+               "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // The same load multicast to the CTAs of `cta_mask` in this cluster: the box lands at dst's offset in
 // each one's shared memory and completes its bytes on the barrier at bar's offset in each.
 __device__ __forceinline__ void tma_load_4d_multicast(void* dst, const void* tensor_map, int c0, int c1, int c2, int c3,
