@@ -62,7 +62,7 @@ int variant_bits() {
   if (e == nullptr) return 0;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 0);
-  return end != e && v >= 0 && v < 2048 ? static_cast<int>(v) : 0;
+  return end != e && v >= 0 && v < 4096 ? static_cast<int>(v) : 0;
 }
 
 DenseTile dense_tile(int head_dim, bool /*causal*/) {

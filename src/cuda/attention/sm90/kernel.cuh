@@ -58,7 +58,10 @@ struct Traits {
   static constexpr int kThreads = threads_per_cta(BLKQ_);
   static constexpr int kMinBlocks = ctas_per_sm(BLKQ_);
   static constexpr int kStages = stages(HD_, BLKQ_, kTileK, kElem);
-  static constexpr int kSmemBytes = smem_bytes(HD_, BLKQ_, kTileK, kElem);
+  // A second Q buffer (kVariantQDouble) where it fits beside the same K/V stages.
+  static constexpr int kQBufs =
+      smem_bytes(HD_, BLKQ_, kTileK, kElem) + q_bytes(HD_, BLKQ_, kElem) <= smem_budget(BLKQ_) ? 2 : 1;
+  static constexpr int kSmemBytes = smem_bytes(HD_, BLKQ_, kTileK, kElem) + (kQBufs - 1) * q_bytes(HD_, BLKQ_, kElem);
   static constexpr int kSlabs = HD_ * kElem / 128;   // 128-byte column slabs per row
   static constexpr int kQSlab = BLKQ_ * 128;         // bytes of one slab of the Q tile
   static constexpr int kKVSlab = kTileK * 128;       // bytes of one slab of a K or V stage
@@ -144,40 +147,43 @@ __device__ __forceinline__ KeyTile next_tile(Walk& it) {
   return kt;
 }
 
-// Shared memory: [Q slabs][K stage 0..S-1][V stage 0..S-1][barriers], tiles 1024-byte aligned.
+// Shared memory: [Q slabs][second Q buffer (kQBufs 2)][K stage 0..S-1][V stage 0..S-1][barriers],
+// tiles 1024-byte aligned. Barriers: Q full / empty of buffer 0 at 0 / 1 + 4S, of buffer 1 at
+// 2 + 4S / 3 + 4S (initialized when kQBufs is 2), the K/V stages' in between.
 template <class Tr>
 struct Smem {
   unsigned char* base;
-  __device__ __forceinline__ std::uint32_t q() const { return smem_addr(base); }
-  __device__ __forceinline__ std::uint32_t k(int s) const { return q() + Tr::kQBytes + s * Tr::kKVBytes; }
-  __device__ __forceinline__ std::uint32_t v(int s) const {
-    return q() + Tr::kQBytes + (Tr::kStages + s) * Tr::kKVBytes;
-  }
+  static constexpr int kQAll = Tr::kQBufs * Tr::kQBytes;
+  __device__ __forceinline__ std::uint32_t q(int b = 0) const { return smem_addr(base) + b * Tr::kQBytes; }
+  __device__ __forceinline__ std::uint32_t k(int s) const { return q() + kQAll + s * Tr::kKVBytes; }
+  __device__ __forceinline__ std::uint32_t v(int s) const { return q() + kQAll + (Tr::kStages + s) * Tr::kKVBytes; }
   __device__ __forceinline__ void* ptr(std::uint32_t addr) const { return base + (addr - q()); }
   __device__ __forceinline__ std::uint64_t* bars() const {
-    return reinterpret_cast<std::uint64_t*>(base + Tr::kQBytes + 2 * Tr::kStages * Tr::kKVBytes);
+    return reinterpret_cast<std::uint64_t*>(base + kQAll + 2 * Tr::kStages * Tr::kKVBytes);
   }
-  __device__ __forceinline__ std::uint64_t* q_full() const { return bars(); }
+  __device__ __forceinline__ std::uint64_t* q_full(int b = 0) const { return bars() + (b == 0 ? 0 : 2 + 4 * Tr::kStages); }
   __device__ __forceinline__ std::uint64_t* k_full(int s) const { return bars() + 1 + s; }
   __device__ __forceinline__ std::uint64_t* v_full(int s) const { return bars() + 1 + Tr::kStages + s; }
   __device__ __forceinline__ std::uint64_t* k_empty(int s) const { return bars() + 1 + 2 * Tr::kStages + s; }
   __device__ __forceinline__ std::uint64_t* v_empty(int s) const { return bars() + 1 + 3 * Tr::kStages + s; }
   // Q may be overwritten (the next tile of a persistent CTA): every consumer warp arrives once all
   // QK^T of its tile have completed.
-  __device__ __forceinline__ std::uint64_t* q_empty() const { return bars() + 1 + 4 * Tr::kStages; }
+  __device__ __forceinline__ std::uint64_t* q_empty(int b = 0) const {
+    return bars() + (b == 0 ? 1 + 4 * Tr::kStages : 3 + 4 * Tr::kStages);
+  }
   // pv_threshold vote ring (BLKQ 128): kVoteRing tagged words per consumer warp (8 warps), after the
   // barriers (within kSmemSlack, asserted below).
   static constexpr int kVoteWarps = Tr::kConsumers == 2 ? 8 : 0;  // BLKQ 64 votes through a barrier
   static constexpr std::uint32_t kVoteRing = 8;  // >= stages + 1 (docs/attention_sm90.md: why it is never overrun)
   // The first word of warp w's ring (w = 4 * consumer warpgroup + warp); slot seq is 4 * (seq % kVoteRing) further.
   __device__ __forceinline__ std::uint32_t vote_row(int w) const {
-    return smem_addr(bars() + 2 + 4 * Tr::kStages) + 4u * kVoteRing * static_cast<std::uint32_t>(w);
+    return smem_addr(bars() + 4 + 4 * Tr::kStages) + 4u * kVoteRing * static_cast<std::uint32_t>(w);
   }
   static __device__ __forceinline__ std::uint32_t vote_slot(std::uint32_t row, std::uint32_t seq) {
     return row + 4u * (seq % kVoteRing);
   }
   static_assert(kVoteRing >= Tr::kStages + 1, "the vote ring must outlast the K/V stage ring");
-  static_assert(1024 + 8 * (2 + 4 * Tr::kStages) + 4 * kVoteRing * kVoteWarps <= kSmemSlack,
+  static_assert(1024 + 8 * (4 + 4 * Tr::kStages) + 4 * kVoteRing * kVoteWarps <= kSmemSlack,
                 "barriers and vote ring exceed the shared-memory slack");
 };
 
@@ -261,20 +267,20 @@ __device__ __forceinline__ void load_kv_slab(const Sm90Params& P, void* dst, con
   }
 }
 
-// One tile's loads: Q (once the previous tile's consumers released it: q_phase is the parity of
-// this CTA's tile count), then the K and V tiles in the ring. Multicast: clusters of 2 CTAs (dense, same
+// One tile's loads: Q into buffer qb (once the consumers of the tile that used it before released it:
+// q_phase is the parity of that buffer's uses), then the K and V tiles in the ring. Multicast: clusters of 2 CTAs (dense, same
 // keys for both), each loading one of the two slabs of every K/V tile for both; the "full" barrier
 // still expects the whole tile (half from each CTA's TMA), the "empty" barrier counts the consumer
 // warps of both CTAs.
 template <class Tr>
 __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it,
-                                         std::uint32_t q_phase, Ring<Tr>& ring) {
+                                         std::uint32_t q_phase, int qb, Ring<Tr>& ring) {
   const auto load_q = [&]() {
-    barrier_wait(sm.q_empty(), q_phase ^ 1);
-    barrier_expect_bytes(sm.q_full(), Tr::kQBytes);
+    barrier_wait(sm.q_empty(qb), q_phase ^ 1);
+    barrier_expect_bytes(sm.q_full(qb), Tr::kQBytes);
 #pragma unroll
     for (int s = 0; s < Tr::kSlabs; ++s) {
-      tma_load_4d(sm.ptr(sm.q() + s * Tr::kQSlab), &P.q_map, s * 64, t.q0, t.h, t.b_dim0, sm.q_full());
+      tma_load_4d(sm.ptr(sm.q(qb) + s * Tr::kQSlab), &P.q_map, s * 64, t.q0, t.h, t.b_dim0, sm.q_full(qb));
     }
   };
   // kVariantEarlyNext: the first K/V stage goes out before the wait for the Q buffer (which the
@@ -362,6 +368,7 @@ struct Consumer {
   float pv_thr[2];  // the head's pv_threshold for a row of the sequence, -inf (always passes) for one past it
   int mask_from;  // key blocks kb >= mask_from need the token mask (softmax_step)
   std::uint32_t q_tile;
+  int qb;  // the Q buffer of this tile (0 unless kVariantQDouble)
   std::uint32_t my_votes;  // this warp's pv_threshold vote ring (Smem::vote_row)
 
   float o[Tr::kDTiles][4];
@@ -373,7 +380,7 @@ struct Consumer {
   float row_scale[2];
 
   __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, const Tile& t_, int cw_, int tid,
-                                      const Sm90Params& P_)
+                                      const Sm90Params& P_, int qb_)
       : p(p_), sm(sm_), t(t_), cw(cw_), warp(tid / 32), lane(tid % 32),
         pingpong(Tr::kConsumers == 2 && (P_.variant & kVariantNoPingpong) == 0), P(P_) {
     const int wg_row0 = t.q0 + cw * 64;  // first query row of this warpgroup
@@ -411,7 +418,8 @@ struct Consumer {
       }
       mask_from = static_cast<int>(from);
     }
-    q_tile = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
+    qb = qb_;
+    q_tile = sm.q(qb) + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
     my_votes = sm.vote_row(cw * 4 + warp);
 #pragma unroll
     for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -825,12 +833,12 @@ struct Consumer {
   // pv_threshold vote ring).
   template <int kVote>
   __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
-    barrier_wait(sm.q_full(), q_phase);
+    barrier_wait(sm.q_full(qb), q_phase);
     const KeyTile kt0 = next_uniform_tile(it);
     float ksc[2];
     if (kt0.kb[0] >= 0) k_scales(kt0, ksc);
     if (kt0.kb[0] < 0) {
-      release(sm.q_empty());
+      release(sm.q_empty(qb));
     } else {
       // Tile 0: S_0 alone.
       int st_prev = ring.st;
@@ -883,7 +891,7 @@ struct Consumer {
         st_prev = st;
         parity_prev = parity;
       }
-      release(sm.q_empty());  // every QK^T of this query block has completed (waited above)
+      release(sm.q_empty(qb));  // every QK^T of this query block has completed (waited above)
       // PV of the last tile.
       barrier_wait(sm.v_full(st_prev), parity_prev);
       const int skip_prev = decide<kVote>(vote_prev, seq_prev);
@@ -946,8 +954,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
   // (Read from the parameter where needed, not kept in a register across the consumers' loop.)
   if (tid == 0) {
     const bool mc = P.multicast != 0;
-    barrier_init(sm.q_full(), 1);
-    barrier_init(sm.q_empty(), Tr::kConsumers * 4);
+    for (int b = 0; b < Tr::kQBufs; ++b) {
+      barrier_init(sm.q_full(b), 1);
+      barrier_init(sm.q_empty(b), Tr::kConsumers * 4);
+    }
     for (int s = 0; s < Tr::kStages; ++s) {
       barrier_init(sm.k_full(s), 1);
       barrier_init(sm.v_full(s), 1);
@@ -973,7 +983,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     registers_release<Tr::kProducerRegs>();
     if (tid == 0) {
       Ring<Tr> ring;
-      std::uint32_t q_phase = 0;
+      std::uint32_t nt = 0;  // tiles of this CTA so far: the Q buffer and its phase
+      const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
       for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
         const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
         if (t.q0 >= t.sq) continue;
@@ -985,8 +996,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
             for (int s = 0; s < Tr::kSlabs; ++s) tma_prefetch_4d(&P.q_map, s * 64, tn.q0, tn.h, tn.b_dim0);
           }
         }
-        producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), q_phase, ring);
-        q_phase ^= 1;
+        producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), dbl ? (nt >> 1) & 1u : nt & 1u,
+                     dbl ? static_cast<int>(nt & 1u) : 0, ring);
+        ++nt;
       }
       // Multicast: this CTA must not exit while the peer's consumers may still arrive on its "empty"
       // barriers. The producer waits for every stage's last use to be released by both CTAs (the
@@ -1008,12 +1020,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     const bool pingpong = Tr::kConsumers == 2 && (P.variant & kVariantNoPingpong) == 0;
     if (pingpong && cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
     Ring<Tr> ring;
-    std::uint32_t q_phase = 0;
+    std::uint32_t nt = 0;   // tiles of this CTA so far (the producer's count: Q buffer and phase)
     std::uint32_t seq = 0;  // key tiles of this CTA so far: the vote ring's tags (30 bits, see vote_word)
+    const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
     for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
       const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
       if (t.q0 >= t.sq) continue;
-      Consumer<Tr> c(p, sm, t, cw, tid % 128, P);
+      const std::uint32_t q_phase = dbl ? (nt >> 1) & 1u : nt & 1u;
+      Consumer<Tr> c(p, sm, t, cw, tid % 128, P, dbl ? static_cast<int>(nt & 1u) : 0);
       const WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
       // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
       // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
@@ -1035,7 +1049,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       } else {
         c.template run<kVoteOff>(it, q_phase, ring, seq);
       }
-      q_phase ^= 1;
+      ++nt;
     }
     if (pingpong && cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);  // the turn warpgroup 1 passed last
   }

@@ -50,6 +50,9 @@ constexpr int kVariantTestOwnVote = 512;    // test hook, WRONG ON PURPOSE: BLKQ
 constexpr int kVariantEarlyNext = 1024;     // persistent CTAs: the producer prefetches the next tile's Q into
                                             // L2 (TMA prefetch) when it starts a tile, and issues a tile's first
                                             // K/V stage before waiting for the Q buffer (session 6, opt-in)
+constexpr int kVariantQDouble = 2048;       // persistent CTAs: two Q buffers (kernels whose shared memory
+                                            // has room, Traits::kQBufs), so the next tile's Q and K/V loads
+                                            // never wait for this tile's last QK^T (session 6, opt-in)
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT or head dim 64 (docs/attention_sm90.md: round 4, and the paired LUT since session 3).
 int variant_bits();
