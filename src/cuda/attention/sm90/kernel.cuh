@@ -833,10 +833,11 @@ struct Consumer {
   // pv_threshold vote ring).
   template <int kVote>
   __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
-    barrier_wait(sm.q_full(qb), q_phase);
+    // The first tile and its K scales before the Q wait: their global loads overlap it.
     const KeyTile kt0 = next_uniform_tile(it);
     float ksc[2];
     if (kt0.kb[0] >= 0) k_scales(kt0, ksc);
+    barrier_wait(sm.q_full(qb), q_phase);
     if (kt0.kb[0] < 0) {
       release(sm.q_empty(qb));
     } else {
@@ -989,11 +990,26 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
         const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
         if (t.q0 >= t.sq) continue;
         if ((P.variant & kVariantEarlyNext) != 0 && slot + static_cast<int>(gridDim.x) < P.num_tiles) {
-          // The next tile's Q into L2 now: its load (after this tile's last QK^T) then hits L2.
+          // The next tile's Q into L2 now: its load (after this tile's last QK^T) then hits L2. So do
+          // the loads its consumers start with, a chain of dependent global loads at every tile
+          // start (LUT count -> LUT entries -> fp8 K scale; fp8 Q scales): the count, the LUT row's
+          // first line and the Q scale rows.
           const Tile tn = make_tile(p, tile_at(P, slot + static_cast<int>(gridDim.x)), Tr::kBlockQ);
           if (tn.q0 < tn.sq) {
 #pragma unroll
             for (int s = 0; s < Tr::kSlabs; ++s) tma_prefetch_4d(&P.q_map, s * 64, tn.q0, tn.h, tn.b_dim0);
+            if (p.lut != nullptr) {
+              prefetch_l2(p.counts + tn.b * p.counts_stride[0] + tn.h * p.counts_stride[1] + tn.qb * p.counts_stride[2]);
+              prefetch_l2(lut_row(p, tn));
+            }
+            if (Tr::kFp8 && P.q_scale != nullptr) {
+              const int rows = min(Tr::kBlockQ, tn.sq - tn.q0);
+              const float* qs = P.q_scale + (static_cast<std::int64_t>(tn.b) * p.hq + tn.h) * tn.sq + tn.q0;
+              // The bulk prefetch wants 16-byte alignment and size: whole 16-byte words inside the rows.
+              const auto a = reinterpret_cast<std::uintptr_t>(qs), e = reinterpret_cast<std::uintptr_t>(qs + rows);
+              const std::uintptr_t a16 = (a + 15) & ~std::uintptr_t{15}, e16 = e & ~std::uintptr_t{15};
+              if (e16 > a16) prefetch_l2_bulk(reinterpret_cast<const void*>(a16), static_cast<std::uint32_t>(e16 - a16));
+            }
           }
         }
         producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), dbl ? (nt >> 1) & 1u : nt & 1u,

@@ -53,6 +53,12 @@ __device__ __forceinline__ void tma_prefetch_4d(const void* tensor_map, int c0, 
                : "memory");
 }
 
+// Hints: the 128-byte line at p, and `bytes` (a multiple of 16, p 16-byte aligned) from p, into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, std::uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 // The same load multicast to the CTAs of `cta_mask` in this cluster: the box lands at dst's offset in
 // each one's shared memory and completes its bytes on the barrier at bar's offset in each.
 __device__ __forceinline__ void tma_load_4d_multicast(void* dst, const void* tensor_map, int c0, int c1, int c2, int c3,
