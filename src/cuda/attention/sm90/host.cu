@@ -57,9 +57,9 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 }  // namespace
 
-int variant_bits() {
+int variant_bits(int unset) {
   const char* e = std::getenv("SPARGE_SM90_VARIANT");
-  if (e == nullptr) return 0;
+  if (e == nullptr) return unset;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 0);
   return end != e && v >= 0 && v < 4096 ? static_cast<int>(v) : 0;

@@ -1171,7 +1171,10 @@ cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles
 
 // The fp8 recipe: head dim 128, 64-key LUT blocks always paired (V^T sub-tiles are 64 keys; an
 // unpaired 64-key tile would need its own instantiation). Variant bits that select other kernels
-// (multicast, legacy pv_threshold, no pairing) do not apply.
+// (multicast, legacy pv_threshold, no pairing) do not apply. Default (SPARGE_SM90_VARIANT unset):
+// two Q buffers and the next tile's prefetches (bits 2048 | 1024; H200, session 6 round 4, b2 h32
+// s16384 d128 topk 0.1, two repeats: 128 x 128 2.301 / 2.301 -> 2.288 / 2.248 ms, 128 x 64 2.468 /
+// 2.449 -> 2.414 / 2.393, tool timings with the prepass; no effect on fp16 kernels, so not theirs).
 template <class T, int BLKQ, int BLKK>
 using Fp8Traits = Traits<T, 128, BLKQ, BLKK, BLKK == 64, true>;
 
@@ -1183,7 +1186,8 @@ cudaError_t KernelFp8<T, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
 template <class T, int BLKQ, int BLKK>
 cudaError_t KernelFp8<T, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
   Sm90Params q = p;
-  q.variant = variant_bits() & ~(kVariantClusterKV | kVariantLegacyPv | kVariantNoPair | kVariantPairQ64);
+  q.variant = variant_bits(kVariantQDouble | kVariantEarlyNext) &
+              ~(kVariantClusterKV | kVariantLegacyPv | kVariantNoPair | kVariantPairQ64);
   return launch_kernel<Fp8Traits<T, BLKQ, BLKK>>(q, num_tiles, stream);
 }
 

@@ -55,7 +55,8 @@ constexpr int kVariantQDouble = 2048;       // persistent CTAs: two Q buffers (k
                                             // never wait for this tile's last QK^T (session 6, opt-in)
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT or head dim 64 (docs/attention_sm90.md: round 4, and the paired LUT since session 3).
-int variant_bits();
+// SPARGE_SM90_VARIANT's bits; `unset` when the variable is not set (the fp8 kernels' defaults differ).
+int variant_bits(int unset = 0);
 
 // The dense tile of the Hopper kernel for this call (the variant bits above, read now): 128 x 128,
 // and 192 x 128 at head dim 64 unless bit 8 asks for 128 x 128.
