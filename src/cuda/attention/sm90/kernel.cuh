@@ -224,32 +224,14 @@ __device__ __forceinline__ Tile make_tile(const KernelParams& p, int tile_index,
   return t;
 }
 
-__device__ __forceinline__ int clamp_count(const KernelParams& p, int count) {
-  return count < 0 ? 0 : (count > p.nk_lut ? p.nk_lut : count);
-}
 __device__ __forceinline__ int lut_count(const KernelParams& p, const Tile& t) {
-  return clamp_count(p, p.counts[t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2]]);
+  const int count = p.counts[t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2]];
+  return count < 0 ? 0 : (count > p.nk_lut ? p.nk_lut : count);
 }
 __device__ __forceinline__ const std::int32_t* lut_row(const KernelParams& p, const Tile& t) {
   return p.lut + t.b * p.lut_stride[0] + t.h * p.lut_stride[1] + t.qb * p.lut_stride[2];
 }
-// A consumer warp's walk in two halves, so that a persistent CTA can issue the next tile's global
-// loads (its LUT count and the lane's first entry, read whatever the count: entries [0, NK) are all
-// inside the LUT) before the current tile's epilogue and use them after it.
-struct WalkStart {
-  const std::int32_t* row = nullptr;
-  int count = 0;   // raw count (clamped by walk_finish)
-  int entry = -1;  // row[lane], or -1 past the row's NK entries
-};
-__device__ __forceinline__ WalkStart walk_start(const KernelParams& p, const Tile& t, int lane) {
-  WalkStart w;
-  if (p.lut == nullptr) return w;
-  w.row = lut_row(p, t);
-  w.count = p.counts[t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2]];
-  w.entry = lane < p.nk_lut ? __ldg(w.row + lane * p.lut_stride[3]) : -1;
-  return w;
-}
-__device__ __forceinline__ WarpWalk walk_finish(const KernelParams& p, const WalkStart& w, int visible, int lane) {
+__device__ __forceinline__ WarpWalk make_warp_walk(const KernelParams& p, const Tile& t, int visible, int lane) {
   WarpWalk it;
   it.visible = static_cast<std::uint32_t>(visible < 0 ? 0 : visible);
   it.lane = lane;
@@ -257,10 +239,10 @@ __device__ __forceinline__ WarpWalk walk_finish(const KernelParams& p, const Wal
     it.n = visible;
     return it;
   }
-  it.row = w.row;
+  it.row = lut_row(p, t);
   it.stride = p.lut_stride[3];
-  it.n = clamp_count(p, w.count);
-  it.mine = lane < it.n ? w.entry : -1;  // as it.load(lane)
+  it.n = lut_count(p, t);
+  it.mine = it.load(lane);
   it.fill();
   return it;
 }
@@ -845,13 +827,12 @@ struct Consumer {
     return kt;
   }
 
-  // One tile (query block): the mainloop, then before_epilogue(), then the epilogue. q_phase: parity
-  // of this Q buffer's uses; ring: the K/V stage position, shared with the producer's walk of the same tiles; seq:
+  // One tile (query block): the mainloop, then the epilogue. q_phase: parity of this CTA's tile
+  // count; ring: the K/V stage position, shared with the producer's walk of the same tiles; seq:
   // this CTA's count of key tiles so far (the same in both consumer warpgroups: the tags of the
   // pv_threshold vote ring).
-  template <int kVote, class BeforeEpilogue>
-  __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq,
-                                      BeforeEpilogue&& before_epilogue) {
+  template <int kVote>
+  __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
     // The first tile and its K scales before the Q wait: their global loads overlap it.
     const KeyTile kt0 = next_uniform_tile(it);
     float ksc[2];
@@ -925,8 +906,6 @@ struct Consumer {
       fence_p();
       release_kv(sm.v_empty(st_prev));
     }
-
-    before_epilogue();  // the next tile's first global loads, in flight during the stores below
 
     // Epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows).
     std::int64_t o_row[2];
@@ -1060,65 +1039,33 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     std::uint32_t nt = 0;   // tiles of this CTA so far (the producer's count: Q buffer and phase)
     std::uint32_t seq = 0;  // key tiles of this CTA so far: the vote ring's tags (30 bits, see vote_word)
     const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
-    const int lane = tid % 32;
-    // The first tile (slots whose tile is empty, q0 >= sq, are skipped as the producer skips them).
-    const auto first_from = [&](int from, Tile& out) {
-      for (; from < P.num_tiles; from += gridDim.x) {
-        out = make_tile(p, tile_at(P, from), Tr::kBlockQ);
-        if (out.q0 < out.sq) break;
-      }
-      return from;
-    };
-    Tile t;
-    int slot = first_from(blockIdx.x, t);
-    WarpWalk it = slot < P.num_tiles ? walk_finish(p, walk_start(p, t, lane), visible_of<Tr>(p, t), lane) : WarpWalk{};
-    while (slot < P.num_tiles) {
-      // The next slot's tile index is read now (used before this tile's epilogue); its tile and the
-      // first loads of its walk are issued before the epilogue, so their latency overlaps the stores.
-      const int nslot = slot + static_cast<int>(gridDim.x);
-      const int nord = nslot < P.num_tiles ? tile_at(P, nslot) : 0;
-      Tile tn;
-      WalkStart wn;
-      const auto before_epilogue = [&]() {
-        if (nslot < P.num_tiles) {
-          tn = make_tile(p, nord, Tr::kBlockQ);
-          wn = walk_start(p, tn, lane);
-        }
-      };
+    for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
+      const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
+      if (t.q0 >= t.sq) continue;
       const std::uint32_t q_phase = dbl ? (nt >> 1) & 1u : nt & 1u;
-      {
-        Consumer<Tr> c(p, sm, t, cw, tid % 128, P, dbl ? static_cast<int>(nt & 1u) : 0);
-        // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
-        // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
-        // launcher does not pair with that bit and pv_threshold on).
-        if constexpr (Tr::kConsumers <= 2) {
-          if (p.use_pv_threshold) {
-            if constexpr (!Tr::kPair) {
-              if ((P.variant & kVariantLegacyPv) != 0) {
-                c.template run<kVoteLegacy>(it, q_phase, ring, seq, before_epilogue);
-              } else {
-                c.template run<kVoteWarp>(it, q_phase, ring, seq, before_epilogue);
-              }
+      Consumer<Tr> c(p, sm, t, cw, tid % 128, P, dbl ? static_cast<int>(nt & 1u) : 0);
+      const WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
+      // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
+      // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
+      // launcher does not pair with that bit and pv_threshold on).
+      if constexpr (Tr::kConsumers <= 2) {
+        if (p.use_pv_threshold) {
+          if constexpr (!Tr::kPair) {
+            if ((P.variant & kVariantLegacyPv) != 0) {
+              c.template run<kVoteLegacy>(it, q_phase, ring, seq);
             } else {
-              c.template run<kVoteWarp>(it, q_phase, ring, seq, before_epilogue);
+              c.template run<kVoteWarp>(it, q_phase, ring, seq);
             }
           } else {
-            c.template run<kVoteOff>(it, q_phase, ring, seq, before_epilogue);
+            c.template run<kVoteWarp>(it, q_phase, ring, seq);
           }
         } else {
-          c.template run<kVoteOff>(it, q_phase, ring, seq, before_epilogue);
+          c.template run<kVoteOff>(it, q_phase, ring, seq);
         }
+      } else {
+        c.template run<kVoteOff>(it, q_phase, ring, seq);
       }
       ++nt;
-      if (nslot >= P.num_tiles) break;
-      if (tn.q0 < tn.sq) {
-        slot = nslot;
-        t = tn;
-        it = walk_finish(p, wn, visible_of<Tr>(p, t), lane);
-      } else {  // an empty tile next (not on this kernel's shapes): search as the producer does
-        slot = first_from(nslot, t);
-        if (slot < P.num_tiles) it = walk_finish(p, walk_start(p, t, lane), visible_of<Tr>(p, t), lane);
-      }
     }
     if (pingpong && cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);  // the turn warpgroup 1 passed last
   }
