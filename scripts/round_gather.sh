@@ -2,7 +2,8 @@
 # Device round for issue #5 (gather_attention speed; helper h2). Run from the repo root after the
 # Release build of sparge_gpu_tests (SPARGE_CUDA_ARCHS=90a) in $B:
 #   B=build-dir scripts/round_gather.sh
-# About 60-80 s of device time; steps 3-4 (ncu) are optional, drop them if time is short.
+# About 60-80 s of device time without steps 3-4; the ncu steps (optional, drop them if time is short) run the
+# whole perf test under ncu and take up to 150 s each (session 5 cut the first at 60 s).
 # Since the 11:20 round the defaults are: attention wgmma BM 128 with SPARGE_GATHER_PREFETCH on,
 # union clusters of >= 32 lists per CTA (kv-head lists: 2 CTAs per group). What to look for:
 #  1. "[  PASSED  ]" and no FAILED line: every GATHER correctness case under the new defaults,
@@ -33,10 +34,10 @@ if [ -n "$NCU" ]; then
   SECT="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
   PAT='attention_wgmma_kernel|attention_ws_kernel|union_kernel|Duration|Throughput|Hit Rate|Stall|Warp Cycles Per Issued|Issued Warp|Eligible|Achieved Occupancy|Registers Per|Shared Memory Config|Grid Size|Block Size'
   echo "== ncu: default union + attention (kv-head lists, 6th call)"
-  SPARGE_TEST_GATHER_FAST=none timeout 60 "$NCU" -k 'regex:attention_wgmma_kernel|union_kernel' --launch-skip 10 --launch-count 2 $SECT \
+  SPARGE_TEST_GATHER_FAST=none timeout 150 "$NCU" -k 'regex:attention_wgmma_kernel|union_kernel' --launch-skip 10 --launch-count 2 $SECT \
     "$T" --filter='GATHER_GPU_FAST_PERF' 2>&1 | grep -E "$PAT" | head -90
   echo "== ncu: ws attention (kv-head lists)"
-  SPARGE_TEST_GATHER_FAST=ws timeout 60 "$NCU" -k 'regex:attention_ws_kernel' --launch-skip 5 --launch-count 1 $SECT \
+  SPARGE_TEST_GATHER_FAST=ws timeout 150 "$NCU" -k 'regex:attention_ws_kernel' --launch-skip 5 --launch-count 1 $SECT \
     "$T" --filter='GATHER_GPU_FAST_PERF' 2>&1 | grep -E "$PAT" | head -50
 else
   echo "ncu not found"
