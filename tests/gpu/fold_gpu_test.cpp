@@ -333,6 +333,17 @@ SPARGE_CASES(FoldGpu) {
     cudaEvent_t e0, e1;
     SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
     SPARGE_CUDA_CHECK(cudaEventCreate(&e1));
+    // One call of fn between the two events (a failed call is a test failure); its milliseconds.
+    const auto time_call = [&](const std::function<Status()>& fn) {
+      SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+      const Status st = fn();
+      SPARGE_CUDA_CHECK(cudaEventRecord(e1));
+      EXPECT_TRUE(st.ok()) << st.message();
+      SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      SPARGE_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      return t;
+    };
     // Two variants timed in alternation (A B, then B A, ...), so that clock and thermal drift
     // during the run falls on both alike; medians of 16 after 4 warmups each.
     const auto median_pair = [&](const std::function<Status()>& fa, const std::function<Status()>& fb) {
@@ -340,13 +351,7 @@ SPARGE_CASES(FoldGpu) {
       for (int it = 0; it < 20; ++it) {
         for (int k = 0; k < 2; ++k) {
           const bool a_turn = (k == 0) == (it % 2 == 0);
-          SPARGE_CUDA_CHECK(cudaEventRecord(e0));
-          const Status st = a_turn ? fa() : fb();
-          SPARGE_CUDA_CHECK(cudaEventRecord(e1));
-          EXPECT_TRUE(st.ok()) << st.message();
-          SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
-          float t = 0;
-          SPARGE_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+          const float t = time_call(a_turn ? fa : fb);
           if (it >= 4) (a_turn ? ma : mb).push_back(t);
         }
       }
@@ -357,13 +362,7 @@ SPARGE_CASES(FoldGpu) {
     const auto median_ms = [&](const std::function<Status()>& fn) {
       std::vector<float> ms;
       for (int it = 0; it < 13; ++it) {
-        SPARGE_CUDA_CHECK(cudaEventRecord(e0));
-        const Status st = fn();
-        SPARGE_CUDA_CHECK(cudaEventRecord(e1));
-        EXPECT_TRUE(st.ok()) << st.message();
-        SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
-        float t = 0;
-        SPARGE_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+        const float t = time_call(fn);
         if (it >= 3) ms.push_back(t);
       }
       std::sort(ms.begin(), ms.end());

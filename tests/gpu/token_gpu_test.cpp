@@ -383,6 +383,17 @@ std::string gname(const char* op, const GCase& c) {
       "causal", c.causal)("o", c.o_f32 ? "f32" : "same")("overlap", c.overlap_rows);
 }
 
+// max |a - b| over two outputs of 16-bit dtype dt, element by element (the perf benches' check
+// that every path computes the same attention as the first one timed).
+double max_abs_diff16(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b, DType dt) {
+  double diff = 0;
+  for (size_t i = 0; i + 1 < a.size(); i += 2) {
+    const auto e = static_cast<std::int64_t>(i / 2);
+    diff = std::max(diff, static_cast<double>(std::abs(load_as_float(a.data(), dt, e) - load_as_float(b.data(), dt, e))));
+  }
+  return diff;
+}
+
 struct GProblem {
   GCase c;
   std::vector<float> q, k, v;  // rounded through the dtype: the values the kernels see
@@ -1411,11 +1422,7 @@ SPARGE_CASES(GatherGpuPerfPaths) {
                          }
                          SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
                          const std::vector<unsigned char> out = o.download();
-                         double diff = 0;
-                         for (size_t i = 0; i + 1 < out.size(); i += 2) {
-                           diff = std::max(diff, static_cast<double>(std::abs(load_as_float(out.data(), c.t, static_cast<std::int64_t>(i / 2)) -
-                                                                            load_as_float(ref.data(), c.t, static_cast<std::int64_t>(i / 2)))));
-                         }
+                         const double diff = max_abs_diff16(out, ref, c.t);
                          std::printf("[perf] gather hd128 keys=2048 union_rows=64 swap=0 path=%s union_ctas=%s: median %.3f ms (min %.3f max %.3f), "
                                      "%.1f TFLOPS on attended keys; max |O - O(default)| = %.2e\n",
                                      path, ctas, med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, diff);
@@ -1534,11 +1541,7 @@ SPARGE_CASES(GatherGpuKv) {
                        SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
                        const std::vector<unsigned char> out = o.download();
                        if (ref.empty()) ref = out;
-                       double diff = 0;
-                       for (size_t i = 0; i + 1 < out.size(); i += 2) {
-                         diff = std::max(diff, static_cast<double>(std::abs(load_as_float(out.data(), c.t, static_cast<std::int64_t>(i / 2)) -
-                                                                          load_as_float(ref.data(), c.t, static_cast<std::int64_t>(i / 2)))));
-                       }
+                       const double diff = max_abs_diff16(out, ref, c.t);
                        std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
                                    "%.1f TFLOPS on attended keys; union overlap (union / sum of distinct lists per group) = %.4f; "
                                    "max |O - O(first)| = %.2e\n",
@@ -1623,11 +1626,7 @@ SPARGE_CASES(GatherGpuFastPerf) {
                          SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
                          const std::vector<unsigned char> out = o.download();
                          if (ref.empty()) ref = out;
-                         double diff = 0;
-                         for (size_t i = 0; i + 1 < out.size(); i += 2) {
-                           diff = std::max(diff, static_cast<double>(std::abs(load_as_float(out.data(), c.t, static_cast<std::int64_t>(i / 2)) -
-                                                                            load_as_float(ref.data(), c.t, static_cast<std::int64_t>(i / 2)))));
-                         }
+                         const double diff = max_abs_diff16(out, ref, c.t);
                          const bool same = out == ref;
                          std::printf("[perf fast] gather hd128 keys=2048 lists=%s path=%s: median %.3f ms (min %.3f max %.3f), %.1f TFLOPS on attended keys; "
                                      "max |O - O(default)| = %.2e%s\n",
