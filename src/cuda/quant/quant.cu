@@ -925,16 +925,25 @@ __global__ void __launch_bounds__(kThreads) vtile_kernel(const Args a, std::int6
   if (tile == 0 && threadIdx.x < D) a.out.v_scale[pair * D + threadIdx.x] = rule::pow2_scale(a.vamax[pair * D + threadIdx.x]).scale;
 }
 
+// The device's SM count and how many CTAs of `kernel` (kThreads threads, smem bytes of dynamic
+// shared memory) one SM holds at once: the persistent and one-wave grids of the launchers below.
+template <class Kernel>
+cudaError_t residency(Kernel kernel, int smem, int* sms, int* per_sm) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, smem);
+  return e;
+}
+
 template <int D, class T>
 cudaError_t launch_split(const Args& a, std::int64_t pairs, cudaStream_t stream) {
   constexpr int U = D / 8;
   const std::int64_t b_total = pairs / a.hk, cols = a.hk * U;
   const int ceff = static_cast<int>(std::min<std::int64_t>(cols, kThreads)), lanes = kThreads / ceff;
   const std::int64_t groups = (cols + ceff - 1) / ceff;
-  int dev = 0, sms = 0, per_sm = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, vmax_kernel<D, T>, kThreads, 0);
+  int sms = 0, per_sm = 0;
+  cudaError_t e = residency(vmax_kernel<D, T>, 0, &sms, &per_sm);
   if (e != cudaSuccess) return e;
   if (groups > 65535) return cudaErrorInvalidValue;  // Hk * D / 8 > 16.7 M columns
   // About one resident wave of CTAs in all, each walking its share of the rows.
@@ -998,10 +1007,8 @@ cudaError_t launch_fused(const Args& a, std::int64_t pairs, cudaStream_t stream)
   std::int64_t per = env_int("SPARGE_QUANT_GROUP");
   if (per <= 0) per = 2;
   const Schedule sched{pairs, std::min(per, pairs), a.nch, a.qper};
-  int dev = 0, sms = 0, per_sm = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_kernel<D, T>, kThreads, 0);
+  int sms = 0, per_sm = 0;
+  const cudaError_t e = residency(fused_kernel<D, T>, 0, &sms, &per_sm);
   if (e != cudaSuccess) return e;
   const std::int64_t grid = std::min<std::int64_t>(std::max(1, sms * per_sm), sched.total());
   fused_kernel<D, T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a, sched);
@@ -1025,14 +1032,13 @@ cudaError_t launch_stream(const Args& a, std::int64_t pairs, cudaStream_t stream
                        FastDiv(static_cast<std::uint32_t>(a.hk)), FastDiv(static_cast<std::uint32_t>(a.qtiles))};
   int dev = 0, sms = 0, optin = 0, per_sm = 0;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
   // The kernel's static shared memory is a few dozen bytes; keep 1 KB of margin for it.
   while (ns > 2 && ns * stage_bytes<D>() + 1024 > optin) --ns;
   const int smem = static_cast<int>(ns) * stage_bytes<D>();
   e = cudaFuncSetAttribute(stream_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stream_kernel<D, T>, kThreads, smem);
+  if (e == cudaSuccess) e = residency(stream_kernel<D, T>, smem, &sms, &per_sm);
   if (e != cudaSuccess) return e;
   if (per_sm <= 0) return cudaErrorInvalidConfiguration;
   const std::int64_t grid = std::min<std::int64_t>(static_cast<std::int64_t>(sms) * per_sm, sched.total());
