@@ -224,8 +224,11 @@ __device__ __forceinline__ Tile make_tile(const KernelParams& p, int tile_index,
   return t;
 }
 
+__device__ __forceinline__ const std::int32_t* lut_count_ptr(const KernelParams& p, const Tile& t) {
+  return p.counts + t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2];
+}
 __device__ __forceinline__ int lut_count(const KernelParams& p, const Tile& t) {
-  const int count = p.counts[t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2]];
+  const int count = *lut_count_ptr(p, t);
   return count < 0 ? 0 : (count > p.nk_lut ? p.nk_lut : count);
 }
 __device__ __forceinline__ const std::int32_t* lut_row(const KernelParams& p, const Tile& t) {
@@ -265,6 +268,17 @@ __device__ __forceinline__ void load_kv_slab(const Sm90Params& P, void* dst, con
   } else if (static_cast<std::uint32_t>(s) == cluster_rank()) {
     tma_load_4d_multicast(dst, map, s * 64, row, t.hk, t.b_dim0, full, 0x3);
   }
+}
+
+// The Q buffer and its phase parity for a CTA's nt-th tile: one buffer whose phase flips every tile,
+// or (kVariantQDouble) two used in turn, each flipping every other tile. The producer and the
+// consumers must agree: both take it from here.
+struct QSlot {
+  int buf;
+  std::uint32_t phase;
+};
+__device__ __forceinline__ QSlot q_slot(std::uint32_t nt, bool dbl) {
+  return dbl ? QSlot{static_cast<int>(nt & 1u), (nt >> 1) & 1u} : QSlot{0, nt & 1u};
 }
 
 // One tile's loads: Q into buffer qb (once the consumers of the tile that used it before released it:
@@ -999,7 +1013,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
 #pragma unroll
             for (int s = 0; s < Tr::kSlabs; ++s) tma_prefetch_4d(&P.q_map, s * 64, tn.q0, tn.h, tn.b_dim0);
             if (p.lut != nullptr) {
-              prefetch_l2(p.counts + tn.b * p.counts_stride[0] + tn.h * p.counts_stride[1] + tn.qb * p.counts_stride[2]);
+              prefetch_l2(lut_count_ptr(p, tn));
               prefetch_l2(lut_row(p, tn));
             }
             if (Tr::kFp8 && P.q_scale != nullptr) {
@@ -1012,8 +1026,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
             }
           }
         }
-        producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), dbl ? (nt >> 1) & 1u : nt & 1u,
-                     dbl ? static_cast<int>(nt & 1u) : 0, ring);
+        const QSlot qs = q_slot(nt, dbl);
+        producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), qs.phase, qs.buf, ring);
         ++nt;
       }
       // Multicast: this CTA must not exit while the peer's consumers may still arrive on its "empty"
@@ -1042,8 +1056,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
       const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
       if (t.q0 >= t.sq) continue;
-      const std::uint32_t q_phase = dbl ? (nt >> 1) & 1u : nt & 1u;
-      Consumer<Tr> c(p, sm, t, cw, tid % 128, P, dbl ? static_cast<int>(nt & 1u) : 0);
+      const QSlot qs = q_slot(nt, dbl);
+      const std::uint32_t q_phase = qs.phase;
+      Consumer<Tr> c(p, sm, t, cw, tid % 128, P, qs.buf);
       const WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
       // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
       // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
