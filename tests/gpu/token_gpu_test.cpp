@@ -718,6 +718,43 @@ void expect_bitwise(const GOut& a, const GOut& b, const std::string& what) {
   EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << what << ": LSE differs";
 }
 
+// PERF.md's gather shape (b1 hq32 hk8 sq1024 sk16384 d128, 2048 keys per row, swap 0) on the device
+// for the perf benches: Q / K / V / O, both list layouts, and params with every tensor but the lists
+// (use_lists picks a layout). One seed for both benches, so their rows time the same problem.
+struct PerfProblem {
+  GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
+  GProblem g = make_gather(c, "GATHER_GPU_KV_PERF");
+  KvLists kv = kv_lists(g);
+  DeviceGuarded<unsigned char> dq{g.q.size() * 2}, dk{g.k.size() * 2}, dv{g.v.size() * 2}, o{g.q.size() * 2};
+  DeviceGuarded<std::int32_t> di{kv.expanded.idx.size()}, dc{kv.expanded.counts.size()}, dik{kv.idx.size()},
+      dck{kv.counts.size()};
+  GatherAttentionParams p;
+  double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);  // on the attended keys
+
+  PerfProblem() {
+    dq.upload(to_bytes(g.q, c.t));
+    dk.upload(to_bytes(g.k, c.t));
+    dv.upload(to_bytes(g.v, c.t));
+    di.upload(kv.expanded.idx);
+    dc.upload(kv.expanded.counts);
+    dik.upload(kv.idx);
+    dck.upload(kv.counts);
+    p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
+    p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
+    p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
+    p.o = make_tensor(o.data(), c.t, {c.b, c.sq, c.hq, c.d});
+    p.exec = gpu_exec();
+    p.union_rows = 64;
+  }
+  // The lists per kv head ([b, hk, sq, n_max]) or per query head ([b, hq, sq, n_max]).
+  void use_lists(bool per_kv_head) {
+    p.indices = per_kv_head ? make_tensor(dik.data(), DType::i32, {c.b, c.hk, c.sq, c.n_max})
+                            : make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
+    p.counts = per_kv_head ? make_tensor(dck.data(), DType::i32, {c.b, c.hk, c.sq})
+                           : make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+  }
+};
+
 }  // namespace gather_kv
 
 // ---- one case runner for both list layouts ------------------------------------------------------
@@ -1486,28 +1523,13 @@ SPARGE_CASES(GatherGpuKv) {
   // a [gather profile] line (union / attention split of the first wave) after each timing.
   cases.push_back({"GATHER_GPU_KV_PERF(b=1,hq=32,hk=8,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
                      if (!have_gpu()) GTEST_SKIP() << "no GPU";
-                     const GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
-                     const GProblem g = make_gather(c, "GATHER_GPU_KV_PERF");
-                     const gather_kv::KvLists kv = gather_kv::kv_lists(g);
-                     DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2), o(g.q.size() * 2);
-                     dq.upload(to_bytes(g.q, c.t));
-                     dk.upload(to_bytes(g.k, c.t));
-                     dv.upload(to_bytes(g.v, c.t));
-                     DeviceGuarded<std::int32_t> di(g.idx.size()), dc(g.counts.size()), dik(kv.idx.size()), dck(kv.counts.size());
-                     di.upload(kv.expanded.idx);
-                     dc.upload(kv.expanded.counts);
-                     dik.upload(kv.idx);
-                     dck.upload(kv.counts);
+                     gather_kv::PerfProblem pp;
+                     const GCase& c = pp.c;
+                     GatherAttentionParams& p = pp.p;
+                     DeviceGuarded<unsigned char>& o = pp.o;
+                     const double flops = pp.flops;
                      // Union overlap per 64-position group: union / sum of the distinct lists.
-                     const double overlap = gather_kv::union_overlap(kv);
-                     GatherAttentionParams p;
-                     p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
-                     p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
-                     p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
-                     p.o = make_tensor(o.data(), c.t, {c.b, c.sq, c.hq, c.d});
-                     p.exec = gpu_exec();
-                     p.union_rows = 64;
-                     const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
+                     const double overlap = gather_kv::union_overlap(pp.kv);
                      std::vector<unsigned char> ref;
                      // union_variant: SPARGE_GATHER_UNION_VARIANT (nullptr: the default, 5; 3 was the
                      // default before kRowBitmaps).
@@ -1524,9 +1546,7 @@ SPARGE_CASES(GatherGpuKv) {
                                            {"q", true, nullptr, nullptr, "7"}, {"kv", true, nullptr, nullptr, "7"}};
                      for (const Variant& v : vs) {
                        const bool kvl = std::strcmp(v.layout, "kv") == 0;
-                       p.indices = kvl ? make_tensor(dik.data(), DType::i32, {c.b, c.hk, c.sq, c.n_max})
-                                       : make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
-                       p.counts = kvl ? make_tensor(dck.data(), DType::i32, {c.b, c.hk, c.sq}) : make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+                       pp.use_lists(kvl);
                        p.group_union = v.uni;
                        ScopedEnv e1("SPARGE_GATHER_PATH", v.path);
                        ScopedEnv e2("SPARGE_GATHER_OVERLAP", v.overlap);
@@ -1560,27 +1580,13 @@ SPARGE_CASES(GatherGpuKv) {
 SPARGE_CASES(GatherGpuFastPerf) {
   cases.push_back({"GATHER_GPU_FAST_PERF(b=1,hq=32,hk=8,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
                      if (!have_gpu()) GTEST_SKIP() << "no GPU";
-                     const GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
-                     const GProblem g = make_gather(c, "GATHER_GPU_KV_PERF");
-                     const gather_kv::KvLists kv = gather_kv::kv_lists(g);
-                     DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2), o(g.q.size() * 2);
-                     dq.upload(to_bytes(g.q, c.t));
-                     dk.upload(to_bytes(g.k, c.t));
-                     dv.upload(to_bytes(g.v, c.t));
-                     DeviceGuarded<std::int32_t> di(kv.expanded.idx.size()), dc(kv.expanded.counts.size()), dik(kv.idx.size()), dck(kv.counts.size());
-                     di.upload(kv.expanded.idx);
-                     dc.upload(kv.expanded.counts);
-                     dik.upload(kv.idx);
-                     dck.upload(kv.counts);
-                     GatherAttentionParams p;
-                     p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
-                     p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
-                     p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
-                     p.o = make_tensor(o.data(), c.t, {c.b, c.sq, c.hq, c.d});
-                     p.exec = gpu_exec();
+                     gather_kv::PerfProblem pp;
+                     const GCase& c = pp.c;
+                     const gather_kv::KvLists& kv = pp.kv;
+                     GatherAttentionParams& p = pp.p;
+                     DeviceGuarded<unsigned char>& o = pp.o;
+                     const double flops = pp.flops;
                      p.group_union = true;
-                     p.union_rows = 64;
-                     const double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);
                      // Union overlap per 64-position group (kv-head lists; the per-query-head
                      // lists of a position are copies): union size / sum of the distinct lists.
                      const double overlap = gather_kv::union_overlap(kv);
@@ -1608,9 +1614,7 @@ SPARGE_CASES(GatherGpuFastPerf) {
                      paths.push_back({"union_ctas=8", nullptr});
                      for (const char* layout : {"kv", "q"}) {
                        const bool kvl = std::strcmp(layout, "kv") == 0;
-                       p.indices = kvl ? make_tensor(dik.data(), DType::i32, {c.b, c.hk, c.sq, c.n_max})
-                                       : make_tensor(di.data(), DType::i32, {c.b, c.hq, c.sq, c.n_max});
-                       p.counts = kvl ? make_tensor(dck.data(), DType::i32, {c.b, c.hk, c.sq}) : make_tensor(dc.data(), DType::i32, {c.b, c.hq, c.sq});
+                       pp.use_lists(kvl);
                        std::vector<unsigned char> ref;
                        for (const PathConfig& pc : paths) {
                          if (!filter.empty() && filter.find(std::string(",") + pc.label + ",") == std::string::npos && std::strcmp(pc.label, "default") != 0) continue;
