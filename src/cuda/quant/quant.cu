@@ -87,6 +87,16 @@ __device__ __forceinline__ uint2 quantize8(const float (&x)[8], const float (&in
   return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
 }
 
+// V's channel maxima: mx[e] = max(mx[e], bits of |v_e|) over the 8 values of one 16-byte unit (a
+// maximum of bits: any order gives the same result).
+template <class T>
+__device__ __forceinline__ void max_abs8(const uint4& raw, std::uint32_t (&mx)[8]) {
+  float x[8];
+  unpack8<T>(raw, x);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) mx[e] = max(mx[e], rule::abs_bits(x[e]));
+}
+
 // ---- pass 1 ------------------------------------------------------------------------------------
 // Keys [128 chunk, 128 chunk + 128) of kv head `pair`. Thread (rg, u) reads channels [8u, 8u + 8)
 // of keys j0 + rg + R i.
@@ -117,15 +127,13 @@ __device__ __forceinline__ void stats_item(const Args& a, std::int64_t pair, std
   std::uint32_t mx[8] = {};
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
-    float x[8];
     if (ksum) {
+      float x[8];
       unpack8<T>(kr[i], x);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(x[e]);
     }
-    unpack8<T>(vr[i], x);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) mx[e] = max(mx[e], rule::abs_bits(x[e]));
+    max_abs8<T>(vr[i], mx);
   }
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
@@ -657,12 +665,7 @@ __device__ __forceinline__ void stream_v_stats(const Args& a, std::int64_t pair,
   const int tid = threadIdx.x, u = tid % U, rg = tid / U;
   std::uint32_t mx[8] = {};
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    float x[8];
-    unpack8<T>(lds16<D>(st, rg + i * R, u), x);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) mx[e] = max(mx[e], rule::abs_bits(x[e]));
-  }
+  for (int i = 0; i < kRows; ++i) max_abs8<T>(lds16<D>(st, rg + i * R, u), mx);
   __syncthreads();
   std::uint32_t* s_max = reinterpret_cast<std::uint32_t*>(st);
 #pragma unroll
@@ -898,12 +901,7 @@ __global__ void __launch_bounds__(kThreads) vmax_kernel(const Args a, int ceff, 
       r[i] = s < a.sk ? load8(a.v, b, s, hk, u) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      float x[8];
-      unpack8<T>(r[i], x);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) mx[e] = max(mx[e], rule::abs_bits(x[e]));
-    }
+    for (int i = 0; i < kUnroll; ++i) max_abs8<T>(r[i], mx);
   }
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
