@@ -453,8 +453,7 @@ SPARGE_CASES(Fp8AttentionGpu) {
   {
     // Persistent CTAs walking many tiles (bit 32: a grid of 3 CTAs; bit 16: one CTA per SM slot), GQA, rows of
     // ~1600 keys: the Q reload, the K/V ring across tiles and the per-tile K scales; with and without the fp8
-    // kernels' default bits 2048 | 1024 (two Q buffers alternating over the tiles, the next tile's prefetches),
-    // and with 4096 (a tile's last PV issued in the next tile's first turn).
+    // kernels' default bits 2048 | 1024 (two Q buffers alternating over the tiles, the next tile's prefetches).
     Fp8Cfg c;
     c.hq = 4;
     c.hk = 2;
@@ -463,7 +462,7 @@ SPARGE_CASES(Fp8AttentionGpu) {
     c.density = 0.4;
     c.q_mul = 1.5f;
     for (int blkk : {64, 128})
-      for (int variant : {32, 16, 32 | 3072, 16 | 3072, 32 | 4096 | 3072, 16 | 4096 | 3072}) {
+      for (int variant : {32, 16, 32 | 3072, 16 | 3072}) {
         c.blkk = blkk;
         c.variant = variant;
         cfgs.push_back(c);

@@ -366,16 +366,6 @@ __device__ __forceinline__ std::uint32_t vote_word(std::uint32_t seq, int bits) 
   return (seq << 2) | static_cast<std::uint32_t>(bits);
 }
 
-// The tile of order slot `slot` (the sorted order when the launch made one, else the slot itself).
-__device__ __forceinline__ int tile_at(const Sm90Params& P, int slot) {
-  return P.order != nullptr ? __ldg(P.order + slot) : slot;
-}
-template <class Tr>
-__device__ __forceinline__ int visible_of(const KernelParams& p, const Tile& t) {
-  const int rows = min(Tr::kBlockQ, t.sq - t.q0);
-  return visible_blocks(t.q0, rows, t.sq, t.sk, Tr::kBlockK, p.is_causal);
-}
-
 // One consumer warpgroup's state and steps. Per visited block i the loop issues, in one "turn"
 // (pingpong with the other consumer warpgroup: its softmax runs while this one's GEMMs run),
 //   S_i = Q K_i^T        and        O += P_{i-1} V_{i-1}
@@ -386,7 +376,7 @@ struct Consumer {
   using T = typename Tr::T;
   const KernelParams& p;
   const Smem<Tr>& sm;
-  Tile t;  // the current query tile (set_tile)
+  const Tile& t;
   int cw, warp, lane;
   int row_in_seq[2], key_limit[2];
   float pv_thr[2];  // the head's pv_threshold for a row of the sequence, -inf (always passes) for one past it
@@ -403,27 +393,10 @@ struct Consumer {
   // fp8: scale * log2(e) * the row's Q dequantization scale (the K block's is applied per tile).
   float row_scale[2];
 
-  // One per consumer warpgroup for all tiles of the CTA; set_tile() starts each tile.
-  __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, int cw_, int tid, const Sm90Params& P_)
-      : p(p_), sm(sm_), cw(cw_), warp(tid / 32), lane(tid % 32),
+  __device__ __forceinline__ Consumer(const KernelParams& p_, const Smem<Tr>& sm_, const Tile& t_, int cw_, int tid,
+                                      const Sm90Params& P_, int qb_)
+      : p(p_), sm(sm_), t(t_), cw(cw_), warp(tid / 32), lane(tid % 32),
         pingpong(Tr::kConsumers == 2 && (P_.variant & kVariantNoPingpong) == 0), P(P_) {
-    my_votes = sm.vote_row(cw * 4 + warp);
-    reset_accumulators();
-  }
-  // O = 0, no key seen: the state a tile starts from (O is zeroed again after each epilogue).
-  __device__ __forceinline__ void zero_o() {
-#pragma unroll
-    for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  }
-  __device__ __forceinline__ void reset_accumulators() {
-    zero_o();
-    m[0] = m[1] = -INFINITY;
-    l[0] = l[1] = 0.0f;
-  }
-  // The per-tile constants of query tile t_ with its Q in buffer qb_ (the accumulators are not
-  // touched: a deferred PV of the previous tile may still be owed, see run()).
-  __device__ __forceinline__ void set_tile(const Tile& t_, int qb_) {
-    t = t_;
     const int wg_row0 = t.q0 + cw * 64;  // first query row of this warpgroup
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -440,7 +413,7 @@ struct Consumer {
       row_scale[r] = p.scale_log2;
       if constexpr (Tr::kFp8) {
         if (row_in_seq[r] < t.sq) {
-          row_scale[r] *= __ldg(P.q_scale + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r]);
+          row_scale[r] *= __ldg(P_.q_scale + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r]);
         }
       }
     }
@@ -461,6 +434,11 @@ struct Consumer {
     }
     qb = qb_;
     q_tile = sm.q(qb) + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
+    my_votes = sm.vote_row(cw * 4 + warp);
+#pragma unroll
+    for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
   }
 
   // Pingpong between the two consumer warpgroups (BLKQ 128), unless the variant bit turns it off
@@ -818,10 +796,6 @@ struct Consumer {
         o[j][3] *= alpha[1];
       }
     }
-    pack_p();
-  }
-  // P (the probabilities in s) into the A operand of the next PV.
-  __device__ __forceinline__ void pack_p() {
     if constexpr (Tr::kFp8) {
       // 32 keys per k-step: score tiles 4 kk .. 4 kk + 3 (8 keys each). This thread holds keys 2 t,
       // 2 t + 1 of each; packed in tile order, its fragment's k = 4 t + i is key
@@ -867,62 +841,21 @@ struct Consumer {
     return kt;
   }
 
-  // The CTA's walk of its query tiles (slots blockIdx.x, + gridDim.x, ...; the producer walks the
-  // same slots and skips the same tiles, so the Q buffers and the K/V ring stay in step): opens the
-  // next tile at or after `slot` whose rows exist (its Q buffer, set_tile, its walk and first key
-  // tile with K scales, then the wait for its Q). False when the CTA has no tile left.
-  struct Cursor {
-    int slot;
-    int index;            // the open tile's index (tile_at of its slot)
-    std::uint32_t nt;     // tiles of this CTA opened so far (the producer's count: Q buffer and phase)
-    WarpWalk it;
-    KeyTile kt;           // the next key tile of the open tile (kb[0] < 0: none left)
-    float ksc[2];         // its fp8 K scales
-  };
-  __device__ __forceinline__ bool open_tile(Cursor& cur, bool dbl) {
-    for (; cur.slot < P.num_tiles; cur.slot += gridDim.x) {
-      cur.index = tile_at(P, cur.slot);
-      const Tile tt = make_tile(p, cur.index, Tr::kBlockQ);
-      if (uniform(tt.q0 >= tt.sq ? 1 : 0) != 0) continue;  // branches around wgmmas: provably uniform (C7520)
-      const QSlot qs = q_slot(cur.nt++, dbl);
-      set_tile(tt, qs.buf);
-      cur.it = make_warp_walk(p, tt, visible_of<Tr>(p, tt), lane);
-      // The first tile and its K scales before the Q wait: their global loads overlap it.
-      cur.kt = next_uniform_tile(cur.it);
-      if (cur.kt.kb[0] >= 0) k_scales(cur.kt, cur.ksc);
-      barrier_wait(sm.q_full(qb), qs.phase);
-      return true;
-    }
-    return false;
-  }
-
-  // Every query tile of the CTA (per visited key tile one turn that issues S_i = Q K_i^T and
-  // O += P_{i-1} V_{i-1}, the class comment). A query tile starts with a turn that issues its S_0
-  // alone, and its last PV gets a turn of its own before the epilogue; with kVariantCrossTile (carry)
-  // the last PV of a tile is issued instead in the turn of the next tile's S_0, like any other
-  // key tile's, so the pipeline does not drain between the tiles of a persistent CTA: the next
-  // tile's first softmax runs under that PV, and the tile is stored after it. The wgmma code of
-  // that turn is the loop's (a branch around a wgmma with live accumulators makes ptxas
-  // serialize, C7520); only non-wgmma steps (the new tile's maxima and sums, the epilogue) depend
-  // on the boundary. seq: the CTA's count of key tiles (the pv_threshold vote ring's tags).
+  // One tile (query block): the mainloop, then the epilogue. q_phase: parity of this CTA's tile
+  // count; ring: the K/V stage position, shared with the producer's walk of the same tiles; seq:
+  // this CTA's count of key tiles so far (the same in both consumer warpgroups: the tags of the
+  // pv_threshold vote ring).
   template <int kVote>
-  __device__ __forceinline__ void consume(bool dbl, bool carry) {
-    Ring<Tr> ring;
-    std::uint32_t seq = 0;
-    Cursor cur;
-    cur.slot = blockIdx.x;
-    cur.nt = 0;
-    bool open = open_tile(cur, dbl);
-    while (open) {
-      if (cur.kt.kb[0] < 0) {  // no key tile: O = 0 and LSE = -inf (the accumulators are reset)
-        release(sm.q_empty(qb));
-        store_tile(t, m, l);
-        cur.slot += gridDim.x;
-        open = open_tile(cur, dbl);
-        continue;
-      }
-      // Key tile 0: S_0 alone.
-      int owed = cur.index;  // the tile whose PV is issued next (and stored after it)
+  __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
+    // The first tile and its K scales before the Q wait: their global loads overlap it.
+    const KeyTile kt0 = next_uniform_tile(it);
+    float ksc[2];
+    if (kt0.kb[0] >= 0) k_scales(kt0, ksc);
+    barrier_wait(sm.q_full(qb), q_phase);
+    if (kt0.kb[0] < 0) {
+      release(sm.q_empty(qb));
+    } else {
+      // Tile 0: S_0 alone.
       int st_prev = ring.st;
       std::uint32_t parity_prev = ring.phase;
       ring.advance();
@@ -937,22 +870,13 @@ struct Consumer {
       release_kv(sm.k_empty(st_prev));
       float alpha[2];
       std::uint32_t seq_prev = seq++;
-      int vote_prev = softmax_step<kVote>(cur.kt, alpha, seq_prev, cur.ksc);
-      bool half_prev = cur.kt.kb[1] < 0;
+      int vote_prev = softmax_step<kVote>(kt0, alpha, seq_prev, ksc);
+      bool half_prev = kt0.kb[1] < 0;
       rescale_and_pack(alpha);
       for (;;) {
-        cur.kt = next_uniform_tile(cur.it);
-        bool boundary = false;
-        if (cur.kt.kb[0] >= 0) {
-          k_scales(cur.kt, cur.ksc);
-        } else {
-          release(sm.q_empty(qb));  // every QK^T of this query tile has completed (waited above)
-          if (!carry) break;
-          cur.slot += gridDim.x;
-          open = open_tile(cur, dbl);
-          if (!open || cur.kt.kb[0] < 0) break;  // nothing to carry the PV into (kb: uniform, open: see open_tile)
-          boundary = true;  // key tile 0 of the next query tile
-        }
+        const KeyTile kt = next_uniform_tile(it);
+        if (kt.kb[0] < 0) break;
+        k_scales(kt, ksc);
         const int st = ring.st;
         const std::uint32_t parity = ring.phase;
         const std::uint32_t seq_cur = seq++;
@@ -970,39 +894,20 @@ struct Consumer {
         wgmma_wait<1>();
         fence_accumulator(s);
         release_kv(sm.k_empty(st));
-        float m_owed[2], l_owed[2];
-        if (boundary) {  // the new tile starts from no keys; the owed tile's maxima and sums are kept
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            m_owed[r] = m[r];
-            l_owed[r] = l[r];
-            m[r] = -INFINITY;
-            l[r] = 0.0f;
-          }
-        }
-        const int vote = softmax_step<kVote>(cur.kt, alpha, seq_cur, cur.ksc);
+        const int vote = softmax_step<kVote>(kt, alpha, seq_cur, ksc);
         wgmma_wait<0>();
         fence_accumulator(o);
         fence_p();
         release_kv(sm.v_empty(st_prev));
-        if (boundary) {
-          // O is the owed tile's final one: stored, then zeroed for the new tile (nothing to
-          // rescale); P after the epilogue (packed before it, the wgmma A registers would be live
-          // across the epilogue's divergent row stores, where ptxas puts a warpgroup.arrive: C7520).
-          store_tile(make_tile(p, owed, Tr::kBlockQ), m_owed, l_owed);
-          zero_o();
-          pack_p();
-          owed = cur.index;
-        } else {
-          rescale_and_pack(alpha);
-        }
+        rescale_and_pack(alpha);
         vote_prev = vote;
         seq_prev = seq_cur;
-        half_prev = cur.kt.kb[1] < 0;
+        half_prev = kt.kb[1] < 0;
         st_prev = st;
         parity_prev = parity;
       }
-      // The owed tile's last PV in a turn of its own, then its epilogue.
+      release(sm.q_empty(qb));  // every QK^T of this query block has completed (waited above)
+      // PV of the last tile.
       barrier_wait(sm.v_full(st_prev), parity_prev);
       const int skip_prev = decide<kVote>(vote_prev, seq_prev);
       turn_begin();
@@ -1014,42 +919,41 @@ struct Consumer {
       fence_accumulator(o);
       fence_p();
       release_kv(sm.v_empty(st_prev));
-      store_tile(make_tile(p, owed, Tr::kBlockQ), m, l);
-      reset_accumulators();
-      if (!carry) {  // with carry the loop above has opened the next tile already
-        cur.slot += gridDim.x;
-        open = open_tile(cur, dbl);
-      }
     }
-  }
 
-  // Epilogue of query tile tt (the portable kernel's: O = 0 / LSE = -inf for empty rows) from the
-  // accumulator O and the running maxima / sums mm, ll.
-  __device__ __forceinline__ void store_tile(const Tile& tt, const float (&mm)[2], const float (&ll)[2]) const {
-    int rows[2];
+    // Epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows).
     std::int64_t o_row[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      rows[r] = tt.q0 + cw * 64 + warp * 16 + (lane >> 2) + 8 * r;
-      o_row[r] = tt.b_dim0 * p.o_stride[0] + static_cast<std::int64_t>(tt.q_begin + rows[r]) * p.o_stride[1] +
-                 tt.h * p.o_stride[2];
+      o_row[r] = t.b_dim0 * p.o_stride[0] + static_cast<std::int64_t>(t.q_begin + row_in_seq[r]) * p.o_stride[1] +
+                 t.h * p.o_stride[2];
     }
-    const std::int64_t lse_base = tt.b * p.lse_stride[0] + tt.h * p.lse_stride[1];
+    const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
     if constexpr (Tr::kFp8) {
       Fp8Epilogue f8;
-      f8.v_scale = P.v_scale + (static_cast<std::int64_t>(tt.b) * p.hk + tt.hk) * Tr::kHeadDim;
+      f8.v_scale = P.v_scale + (static_cast<std::int64_t>(t.b) * p.hk + t.hk) * Tr::kHeadDim;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        f8.lse_shift[r] = P.lse_shift != nullptr && rows[r] < tt.sq
-                              ? __ldg(P.lse_shift + (static_cast<std::int64_t>(tt.b) * p.hq + tt.h) * tt.sq + rows[r])
+        f8.lse_shift[r] = P.lse_shift != nullptr && row_in_seq[r] < t.sq
+                              ? __ldg(P.lse_shift + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r])
                               : 0.0f;
       }
-      store_rows<T, Tr::kDTiles, true>(p, o, mm, ll, rows, tt.sq, o_row, lse_base, lane, f8);
+      store_rows<T, Tr::kDTiles, true>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane, f8);
     } else {
-      store_rows<T, Tr::kDTiles>(p, o, mm, ll, rows, tt.sq, o_row, lse_base, lane);
+      store_rows<T, Tr::kDTiles>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane);
     }
   }
 };
+
+// The tile of order slot `slot` (the sorted order when the launch made one, else the slot itself).
+__device__ __forceinline__ int tile_at(const Sm90Params& P, int slot) {
+  return P.order != nullptr ? __ldg(P.order + slot) : slot;
+}
+template <class Tr>
+__device__ __forceinline__ int visible_of(const KernelParams& p, const Tile& t) {
+  const int rows = min(Tr::kBlockQ, t.sq - t.q0);
+  return visible_blocks(t.q0, rows, t.sq, t.sk, Tr::kBlockK, p.is_causal);
+}
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel(const __grid_constant__ Sm90Params P) {
@@ -1145,28 +1049,38 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     // sync, so the named barriers are balanced at exit.
     const bool pingpong = Tr::kConsumers == 2 && (P.variant & kVariantNoPingpong) == 0;
     if (pingpong && cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
-    Consumer<Tr> c(p, sm, cw, tid % 128, P);
+    Ring<Tr> ring;
+    std::uint32_t nt = 0;   // tiles of this CTA so far (the producer's count: Q buffer and phase)
+    std::uint32_t seq = 0;  // key tiles of this CTA so far: the vote ring's tags (30 bits, see vote_word)
     const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
-    const bool carry = (P.variant & kVariantCrossTile) != 0;
-    // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
-    // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
-    // launcher does not pair with that bit and pv_threshold on).
-    if constexpr (Tr::kConsumers <= 2) {
-      if (p.use_pv_threshold) {
-        if constexpr (!Tr::kPair) {
-          if ((P.variant & kVariantLegacyPv) != 0) {
-            c.template consume<kVoteLegacy>(dbl, carry);
+    for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
+      const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
+      if (t.q0 >= t.sq) continue;
+      const QSlot qs = q_slot(nt, dbl);
+      const std::uint32_t q_phase = qs.phase;
+      Consumer<Tr> c(p, sm, t, cw, tid % 128, P, qs.buf);
+      const WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
+      // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
+      // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
+      // launcher does not pair with that bit and pv_threshold on).
+      if constexpr (Tr::kConsumers <= 2) {
+        if (p.use_pv_threshold) {
+          if constexpr (!Tr::kPair) {
+            if ((P.variant & kVariantLegacyPv) != 0) {
+              c.template run<kVoteLegacy>(it, q_phase, ring, seq);
+            } else {
+              c.template run<kVoteWarp>(it, q_phase, ring, seq);
+            }
           } else {
-            c.template consume<kVoteWarp>(dbl, carry);
+            c.template run<kVoteWarp>(it, q_phase, ring, seq);
           }
         } else {
-          c.template consume<kVoteWarp>(dbl, carry);
+          c.template run<kVoteOff>(it, q_phase, ring, seq);
         }
       } else {
-        c.template consume<kVoteOff>(dbl, carry);
+        c.template run<kVoteOff>(it, q_phase, ring, seq);
       }
-    } else {
-      c.template consume<kVoteOff>(dbl, carry);
+      ++nt;
     }
     if (pingpong && cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);  // the turn warpgroup 1 passed last
   }

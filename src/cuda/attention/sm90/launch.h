@@ -53,9 +53,6 @@ constexpr int kVariantEarlyNext = 1024;     // persistent CTAs: the producer pre
 constexpr int kVariantQDouble = 2048;       // persistent CTAs: two Q buffers (kernels whose shared memory
                                             // has room, Traits::kQBufs), so the next tile's Q and K/V loads
                                             // never wait for this tile's last QK^T (session 6, opt-in)
-constexpr int kVariantCrossTile = 4096;     // persistent CTAs: a query tile's last PV is issued in the next
-                                            // tile's first turn (with its first QK^T), so the consumers'
-                                            // pipeline does not drain between tiles (session 7, opt-in)
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT or head dim 64 (docs/attention_sm90.md: round 4, and the paired LUT since session 3).
 // SPARGE_SM90_VARIANT's bits; `unset` when the variable is not set (the fp8 kernels' defaults differ).
