@@ -834,23 +834,6 @@ struct Consumer {
       ksc[0] = ksc[1] = 1.0f;
     }
   }
-  // fp8: the epilogue's V scales and LSE shifts into registers (issued before the last PV's wait,
-  // when the scores' registers are free, so their latency overlaps that PV).
-  __device__ __forceinline__ void load_fp8_epilogue(Fp8Epilogue<Tr::kDTiles>& f8) const {
-    if constexpr (Tr::kFp8) {
-      const float* vsc = P.v_scale + (static_cast<std::int64_t>(t.b) * p.hk + t.hk) * Tr::kHeadDim + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < Tr::kDTiles; ++j) f8.vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + j * 8));
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        f8.lse_shift[r] = P.lse_shift != nullptr && row_in_seq[r] < t.sq
-                              ? __ldg(P.lse_shift + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r])
-                              : 0.0f;
-      }
-    } else {
-      (void)f8;
-    }
-  }
   __device__ __forceinline__ KeyTile next_uniform_tile(WarpWalk& it) const {
     KeyTile kt = next_tile<Tr>(it);
     kt.kb[0] = uniform(kt.kb[0]);
@@ -869,10 +852,8 @@ struct Consumer {
     float ksc[2];
     if (kt0.kb[0] >= 0) k_scales(kt0, ksc);
     barrier_wait(sm.q_full(qb), q_phase);
-    Fp8Epilogue<Tr::kDTiles> f8;
     if (kt0.kb[0] < 0) {
       release(sm.q_empty(qb));
-      load_fp8_epilogue(f8);
     } else {
       // Tile 0: S_0 alone.
       int st_prev = ring.st;
@@ -934,7 +915,6 @@ struct Consumer {
       fence_accumulator(o);
       issue_pv<kVote>(st_prev, skip_prev, half_prev);
       turn_end();
-      load_fp8_epilogue(f8);
       wgmma_wait<0>();
       fence_accumulator(o);
       fence_p();
@@ -950,7 +930,15 @@ struct Consumer {
     }
     const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
     if constexpr (Tr::kFp8) {
-      store_rows<T, Tr::kDTiles, true>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane, &f8);
+      Fp8Epilogue f8;
+      f8.v_scale = P.v_scale + (static_cast<std::int64_t>(t.b) * p.hk + t.hk) * Tr::kHeadDim;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        f8.lse_shift[r] = P.lse_shift != nullptr && row_in_seq[r] < t.sq
+                              ? __ldg(P.lse_shift + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r])
+                              : 0.0f;
+      }
+      store_rows<T, Tr::kDTiles, true>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane, f8);
     } else {
       store_rows<T, Tr::kDTiles>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane);
     }

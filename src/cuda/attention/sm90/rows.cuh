@@ -39,34 +39,30 @@ __device__ __forceinline__ std::uint32_t pack_e4m3x4(float a, float b, float c, 
 }
 
 // The fp8 recipe's epilogue inputs: V's per-channel dequantization scales of this (batch, kv head)
-// for this thread's columns (column c of O is multiplied by v_scale[c]; vs[j] holds columns
-// 8 j + 2 t, + 1), and per row the LSE shift of K smoothing (natural log); O and l carry the factor
-// 2^8 of P (softmax_step_fp8), so the LSE subtracts 8 in log2 units. Loaded by the kernel before its
-// last PV completes (their global latency then overlaps it).
-template <int kDTiles>
+// (column c of O is multiplied by v_scale[c]), and per row the LSE shift of K smoothing (natural
+// log); O and l carry the factor 2^8 of P (softmax_step_fp8), so the LSE subtracts 8 in log2 units.
 struct Fp8Epilogue {
-  float2 vs[kDTiles];
-  float lse_shift[2];
+  const float* v_scale = nullptr;
+  float lse_shift[2] = {0.0f, 0.0f};
 };
 
 // Normalizes the two rows by their denominators (l: this thread's partial sums, summed over the
 // quad here) and stores O (input dtype or f32) and the optional LSE from registers. Every row that
 // exists in the sequence is written; an empty row (l == 0, or -0.0) gets O = 0 and LSE = -inf.
-// m is the running max in log2 units. f8: the fp8 recipe's scales (kFp8 only).
+// m is the running max in log2 units.
 template <class T, int kDTiles, bool kFp8 = false>
 __device__ __forceinline__ void store_rows(const KernelParams& p, const float (&o)[kDTiles][4], const float (&m)[2],
                                            const float (&l)[2], const int (&row_in_seq)[2], int sq,
                                            const std::int64_t (&o_row)[2], std::int64_t lse_base, int lane,
-                                           const Fp8Epilogue<kDTiles>* f8 = nullptr) {
+                                           const Fp8Epilogue& f8 = Fp8Epilogue{}) {
   const int t = lane & 3;
   float2 vs[kDTiles];
+  if constexpr (kFp8) {
 #pragma unroll
-  for (int j = 0; j < kDTiles; ++j) {
-    if constexpr (kFp8) {
-      vs[j] = f8->vs[j];
-    } else {
-      vs[j] = make_float2(1.0f, 1.0f);
-    }
+    for (int j = 0; j < kDTiles; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(f8.v_scale + j * 8 + 2 * t));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kDTiles; ++j) vs[j] = make_float2(1.0f, 1.0f);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -101,7 +97,7 @@ __device__ __forceinline__ void store_rows(const KernelParams& p, const float (&
     if (p.lse != nullptr && t == 0) {
       float lse = empty ? -INFINITY : (m[r] + log2f(l_row)) * 0.69314718055994531f;
       if constexpr (kFp8) {
-        if (!empty) lse = (m[r] + log2f(l_row) - 8.0f) * 0.69314718055994531f + f8->lse_shift[r];
+        if (!empty) lse = (m[r] + log2f(l_row) - 8.0f) * 0.69314718055994531f + f8.lse_shift[r];
       }
       p.lse[lse_base + row_in_seq[r] * p.lse_stride[2]] = lse;
     }
