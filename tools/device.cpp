@@ -115,6 +115,26 @@ void DeviceBuffer::fill_bytes(unsigned char value) {
 #endif
 }
 
+Status DeviceBuffer::copy_from(const DeviceBuffer& src, std::size_t bytes, const Stream& stream) {
+  if (bytes > bytes_ || bytes > src.bytes_ || src.backend_ != backend_) {
+    return {StatusCode::invalid_argument, "copy of " + std::to_string(bytes) + " bytes from " + src.what_ + " to " + what_ +
+                                              ": sizes or backends do not match"};
+  }
+  if (backend_ == Backend::cpu) {
+    std::memcpy(ptr_, src.ptr_, bytes);
+    return Status::ok_status();
+  }
+#if SPARGE_WITH_CUDA
+  const cudaError_t err =
+      cudaMemcpyAsync(ptr_, src.ptr_, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream.handle()));
+  if (err != cudaSuccess) return {StatusCode::runtime_error, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(err)};
+  return Status::ok_status();
+#else
+  (void)stream;
+  no_cuda("copy to " + what_);
+#endif
+}
+
 Stream::Stream(Backend backend) : backend_(backend) {
   if (backend == Backend::cpu) return;
 #if SPARGE_WITH_CUDA

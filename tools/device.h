@@ -12,6 +12,8 @@
 
 namespace sparge::tool {
 
+class Stream;
+
 // Memory of one backend. For the CPU backend a buffer may wrap existing host memory (no copy).
 class DeviceBuffer {
  public:
@@ -32,6 +34,9 @@ class DeviceBuffer {
   void download(void* host, std::size_t bytes) const;
   // Fills every byte with `value` (used to poison outputs before a run).
   void fill_bytes(unsigned char value);
+  // Copies the first `bytes` of `src` (same backend) into this buffer, queued on `stream` (CUDA:
+  // device to device, asynchronous; CPU: memcpy). The bench times it as the device's copy rate.
+  Status copy_from(const DeviceBuffer& src, std::size_t bytes, const Stream& stream);
 
  private:
   Backend backend_ = Backend::cpu;
