@@ -180,8 +180,11 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     std::uint32_t f8_amax = 0;
     // FULL: every row of the batch is in the item (warp-uniform), so no per-row checks: a lane
     // past the row's D / 8 columns loaded zeros and has a zero shift, so it adds zeros. The
-    // arithmetic on a valid row is the same either way (same bits).
-    const auto consume = [&](const uint4 (&raw)[kBatch], int s0, bool full) {
+    // arithmetic on a valid row is the same either way (same bits). kF8 (= f8, warp-uniform) is a
+    // template argument so that the unrolled steps of a batch have no branch between them: the
+    // compiler can interleave their loads, shuffle trees and exponent-free arithmetic.
+    const auto consume = [&](const uint4 (&raw)[kBatch], int s0, bool full, auto f8_tag) {
+      constexpr bool kF8 = decltype(f8_tag)::value;
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const bool valid = full || (col_ok && s0 + u * kRowsPerStep + grp < n);
@@ -206,7 +209,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         // |row|^2 over the LANES lanes of the row (every lane of the warp takes part).
 #pragma unroll
         for (int xm = LANES / 2; xm > 0; xm >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, xm);
-        if (f8) {  // warp-uniform: the fp8 recipe's bytes (docs/quantized.md)
+        if constexpr (kF8) {  // the fp8 recipe's bytes (docs/quantized.md)
           std::uint32_t m = 0;  // max |x| as bits (rows and lanes past the data hold zeros)
 #pragma unroll
           for (int j = 0; j < 8; ++j) m = max(m, ::sparge::quant::abs_bits(v[j]));
@@ -227,22 +230,32 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         if (valid) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) sum[j] += v[j];
-          // A zero row adds nothing to the sum of unit rows (but counts in n). rsqrtf (one MUFU,
-          // ~2 ulp) instead of 1 / sqrtf (two correctly rounded multi-instruction sequences):
-          // the row loop is issue-bound, and the sims stay within 1e-6 of the fp64 CPU values.
-          if (n2 > 0.0f) {
-            const float inv = rsqrtf(n2);
+        }
+        // A zero row adds nothing to the sum of unit rows (but counts in n): its factor is 0, and
+        // unit + (+-0) is unit bit for bit (unit starts at +0 and a round-to-nearest sum is -0
+        // only when both terms are, so it is never -0). Rows past the item have v = 0, so n2 = 0,
+        // the same. A select, not a branch: the steps of the batch stay one block of code.
+        // rsqrtf (one MUFU, ~2 ulp) instead of 1 / sqrtf (two correctly rounded multi-instruction
+        // sequences): the sims stay within 1e-6 of the fp64 CPU values.
+        {
+          const float inv = n2 > 0.0f ? rsqrtf(n2) : 0.0f;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], inv, unit[j]);
-          }
+          for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], inv, unit[j]);
         }
       }
     };
     const auto consume_any = [&](const uint4 (&raw)[kBatch], int s0) {
-      if (s0 + kRowsPerBatch <= n) {
-        consume(raw, s0, true);  // inlined with the constant: no per-row checks
+      const bool full = s0 + kRowsPerBatch <= n;
+      if (f8) {
+        if (full) {
+          consume(raw, s0, true, std::true_type{});  // inlined with the constant: no per-row checks
+        } else {
+          consume(raw, s0, false, std::true_type{});
+        }
+      } else if (full) {
+        consume(raw, s0, true, std::false_type{});
       } else {
-        consume(raw, s0, false);
+        consume(raw, s0, false, std::false_type{});
       }
     };
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
