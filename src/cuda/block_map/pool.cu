@@ -126,7 +126,14 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
 // reads back only the slots it copied into (it waits for its own cp.async groups; no warp
 // barrier). Rows past the item and lanes past D / 8 get zero-filled slots, as `fetch` gives zeros.
 // STAGES == 0: the warp alternates between loading a batch into registers and adding it up.
-template <class T, int LANES, bool VEC, bool SHIFT, int STAGES>
+// ILV (SPARGE_BLOCKMAP_POOL=async3i, opt-in): a batch's row norms are computed step by step in
+// three phases (the steps' |row|^2 partials, then each level of the shuffle trees over all steps,
+// then the sums with the rows unpacked again) instead of one row after the other: the compiler
+// keeps the shuffles of one tree after another (ptxas does not interleave the eight trees of a
+// batch: sm_90a SASS of session 7), so a batch pays 8 x 4 dependent shuffle latencies in one warp.
+// Same bits: every row's |row|^2 is the same FMA chain and the same tree, the sums add the rows in
+// the same order. Without fp8 outputs only: the launcher runs the async3 kernel for those.
+template <class T, int LANES, bool VEC, bool SHIFT, int STAGES, bool ILV = false>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
                                           std::int64_t b, uint4* ring) {
   constexpr int kRowsPerStep = 32 / LANES;
@@ -244,8 +251,61 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         }
       }
     };
+    // ILV: the same arithmetic as consume on a pool batch without fp8 outputs, in three phases.
+    const auto consume_ilv = [&](const uint4 (&raw)[kBatch], int s0, bool full) {
+      const auto row = [&](int u, float (&v)[8]) {  // step u's values: unpacked, shifted, zero past the item
+        const bool valid = full || (col_ok && s0 + u * kRowsPerStep + grp < n);
+        unpack8<T>(raw[u], v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if constexpr (SHIFT) v[j] -= shift[j];
+          v[j] = valid ? v[j] : 0.0f;
+        }
+        return valid;
+      };
+      float n2[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        float v[8];
+        row(u, v);
+        n2[u] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) n2[u] = fmaf(v[j], v[j], n2[u]);
+      }
+#pragma unroll
+      for (int xm = LANES / 2; xm > 0; xm >>= 1) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) n2[u] += __shfl_xor_sync(0xffffffffu, n2[u], xm);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        float v[8];
+        const bool valid = row(u, v);
+        if (valid) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sum[j] += v[j];
+        }
+        const float inv = n2[u] > 0.0f ? rsqrtf(n2[u]) : 0.0f;  // as consume: a zero row adds (+-0)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], inv, unit[j]);
+      }
+    };
     const auto consume_any = [&](const uint4 (&raw)[kBatch], int s0) {
       const bool full = s0 + kRowsPerBatch <= n;
+      if constexpr (ILV) {  // no fp8 outputs here (the launcher's choice): pool rows, or plain row sums
+        if (pool) {
+          if (full) {
+            consume_ilv(raw, s0, true);
+          } else {
+            consume_ilv(raw, s0, false);
+          }
+        } else if (full) {
+          consume(raw, s0, true, std::false_type{});
+        } else {
+          consume(raw, s0, false, std::false_type{});
+        }
+        return;
+      }
       if (f8) {
         if (full) {
           consume(raw, s0, true, std::true_type{});  // inlined with the constant: no per-row checks
@@ -336,7 +396,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         m.data[si * m.stride[0] + h * m.stride[1] + b * m.stride[2]] = sim;
       }
     }
-    if (f8 && sg.is_k) {
+    if (!ILV && f8 && sg.is_k) {
       // The K block's scale from its maximum (over the warp), then a second read of the block
       // (just read: from L2), shifted as above and quantized, two batches of loads at a time.
       const ::sparge::quant::Pow2Scale sc = ::sparge::quant::pow2_scale(__reduce_max_sync(0xffffffffu, f8_amax));
@@ -432,7 +492,7 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 // The pass: a 1-D grid-stride loop (or ticket loop) over the items of one or two segments.
 // STAGES > 0: the cp.async ring of pool_item, STAGES * kBatch * 512 bytes of dynamic shared memory
 // per warp.
-template <class T, int LANES, bool VEC, int MINB, int STAGES = 0>
+template <class T, int LANES, bool VEC, int MINB, int STAGES = 0, bool ILV = false>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
   extern __shared__ uint4 pool_ring[];
@@ -456,9 +516,9 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     std::int64_t h, b, si;
     decode_item(sg, i, a.small, si, h, b);
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, VEC, true, STAGES>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, VEC, true, STAGES, ILV>(a.g, sg, si, h, b, ring);
     } else {
-      pool_item<T, LANES, VEC, false, STAGES>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, VEC, false, STAGES, ILV>(a.g, sg, si, h, b, ring);
     }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
@@ -535,13 +595,17 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 //     session 4, ~100 bytes of register spills per thread). Kept as the path of devices whose
 //     CTAs cannot have the ring's shared memory (async3 falls back to it) and as the reference
 //     the ring is compared with.
+//   async3i (opt-in, session 7, not yet run on a GPU): async3 with a batch's row norms interleaved
+//     over its steps (pool_item's ILV); written after ncu showed pass 2 stalled on the norms'
+//     shuffle trees, one row after the other.
 // Deleted after the session-5 measurement (same bits, not faster): prefetch, base, wide, small4,
 // async, async4x4, and the cross-item rings stream3 / stream4x4 (stream4x4 equalled async3's total,
 // with an issue cursor across items: more code for nothing).
-enum class PoolVariant { kAsync3, kBase3 };
+enum class PoolVariant { kAsync3, kBase3, kAsync3i };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
+  if (v != nullptr && std::strcmp(v, "async3i") == 0) return PoolVariant::kAsync3i;
   return PoolVariant::kAsync3;
 }
 
@@ -602,6 +666,7 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
   const std::int64_t cols = a.g.d / 8;
   // Both segments read vector rows or the strided kernel runs (it is correct for any input).
   const bool vec = a.seg[0].x.vec && (a.seg[1].count == 0 || a.seg[1].x.vec);
+  const bool fp8_out = a.seg[0].f8 != nullptr || (a.seg[1].count > 0 && a.seg[1].f8 != nullptr);
   const PoolVariant variant = pool_variant();
   const auto go = [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
@@ -626,7 +691,9 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
       };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, 2>);
-      } else if (variant == PoolVariant::kBase3 || !go_ring(pass_kernel<T, L, true, 2, kStages>)) {
+      } else if (variant == PoolVariant::kBase3 ||
+                 !(variant == PoolVariant::kAsync3i && !fp8_out ? go_ring(pass_kernel<T, L, true, 2, kStages, true>)
+                                                                : go_ring(pass_kernel<T, L, true, 2, kStages>))) {
         go_kernel(pass_kernel<T, L, true, 3>);
       }
     };
@@ -678,7 +745,13 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
 
 }  // namespace
 
-const char* pool_variant_name() { return pool_variant() == PoolVariant::kBase3 ? "base3" : "async3"; }
+const char* pool_variant_name() {
+  switch (pool_variant()) {
+    case PoolVariant::kBase3: return "base3";
+    case PoolVariant::kAsync3i: return "async3i";
+    default: return "async3";
+  }
+}
 
 cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st) {
   const std::int64_t work = g.nseq * g.hk;
