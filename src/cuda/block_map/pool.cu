@@ -252,7 +252,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       }
     };
     // ILV: the same arithmetic as consume on a pool batch without fp8 outputs, in three phases.
-    const auto consume_ilv = [&](const uint4 (&raw)[kBatch], int s0, bool full) {
+    const auto consume_ilv = [&](const uint4 (&raw)[kBatch], int s0, bool full, std::false_type /*no fp8*/) {
       const auto row = [&](int u, float (&v)[8]) {  // step u's values: unpacked, shifted, zero past the item
         const bool valid = full || (col_ok && s0 + u * kRowsPerStep + grp < n);
         unpack8<T>(raw[u], v);
@@ -291,31 +291,25 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       }
     };
     const auto consume_any = [&](const uint4 (&raw)[kBatch], int s0) {
+      // `full` passed as a literal: the callee is inlined with the constant (no per-row checks).
       const bool full = s0 + kRowsPerBatch <= n;
+      const auto by_full = [&](const auto& step, auto f8_tag) {
+        if (full) {
+          step(raw, s0, true, f8_tag);
+        } else {
+          step(raw, s0, false, f8_tag);
+        }
+      };
       if constexpr (ILV) {  // no fp8 outputs here (the launcher's choice): pool rows, or plain row sums
         if (pool) {
-          if (full) {
-            consume_ilv(raw, s0, true);
-          } else {
-            consume_ilv(raw, s0, false);
-          }
-        } else if (full) {
-          consume(raw, s0, true, std::false_type{});
+          by_full(consume_ilv, std::false_type{});
         } else {
-          consume(raw, s0, false, std::false_type{});
+          by_full(consume, std::false_type{});
         }
-        return;
-      }
-      if (f8) {
-        if (full) {
-          consume(raw, s0, true, std::true_type{});  // inlined with the constant: no per-row checks
-        } else {
-          consume(raw, s0, false, std::true_type{});
-        }
-      } else if (full) {
-        consume(raw, s0, true, std::false_type{});
+      } else if (f8) {
+        by_full(consume, std::true_type{});
       } else {
-        consume(raw, s0, false, std::false_type{});
+        by_full(consume, std::false_type{});
       }
     };
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
