@@ -593,14 +593,15 @@ void check_switches(const Problem& p, const GpuResult& first) {
   };
   const char* const o = nullptr;  // unset
   // The default pooling is async3 (the cp.async ring); base3 is the register path; async3i the ring with
-  // a batch's row norms interleaved (opt-in).
+  // a batch's row norms interleaved, async3t with them by a transposing tree (both opt-in).
   const Setting settings[] = {
       {"fold", o, o, o, o, o},          {o, "1", o, o, o, o},             {o, o, "base3", o, o, o},
       {"fold", "1", "base3", o, o, o},  {o, o, o, "1", o, o},             {o, "1", "base3", "1", o, o},
       {o, o, o, o, "0", o},             {o, o, o, o, o, "bits"},          {o, o, o, o, "0", "bits"},
       {"fold", o, o, "1", "0", "bits"}, {o, "1", o, o, o, o, "1"},        {"fold", o, "base3", o, o, o, "1"},
       {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, o, o, o, "half"},  {o, o, o, o, "0", "bits", o, "half"},
-      {o, o, "async3i", o, o, o},       {"fold", "1", "async3i", o, o, o, "1"}};
+      {o, o, "async3i", o, o, o},       {"fold", "1", "async3i", o, o, o, "1"}, {o, o, "async3t", o, o, o},
+      {"fold", "1", "async3t", o, o, o, "1"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };

@@ -117,6 +117,11 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
           static_cast<int>(clamp64(len - b * sg.blk, 0, sg.blk))};
 }
 
+// How pool_item computes a batch's row norms (the same bits every way): row by row (consume), each
+// shuffle-tree level over all steps (consume_ilv, SPARGE_BLOCKMAP_POOL=async3i), or by the
+// transposing tree (consume_tree, async3t).
+constexpr int kNormsRow = 0, kNormsLevels = 1, kNormsTree = 2;
+
 // VEC: 16-byte loads (every Rows::vec); else 8 strided 2-byte loads per lane (any strides).
 // SHIFT: sg.shift is set (the K rows of pass 2: the unit's K mean is subtracted from every row);
 // without it the subtraction of zeros is left out (x - 0 is x, -0 included: the same bits).
@@ -126,14 +131,14 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
 // reads back only the slots it copied into (it waits for its own cp.async groups; no warp
 // barrier). Rows past the item and lanes past D / 8 get zero-filled slots, as `fetch` gives zeros.
 // STAGES == 0: the warp alternates between loading a batch into registers and adding it up.
-// ILV (SPARGE_BLOCKMAP_POOL=async3i, opt-in): a batch's row norms are computed step by step in
+// NORMS = kNormsLevels (SPARGE_BLOCKMAP_POOL=async3i, opt-in): a batch's row norms are computed step by step in
 // three phases (the steps' |row|^2 partials, then each level of the shuffle trees over all steps,
 // then the sums with the rows unpacked again) instead of one row after the other: the compiler
 // keeps the shuffles of one tree after another (ptxas does not interleave the eight trees of a
 // batch: sm_90a SASS of session 7), so a batch pays 8 x 4 dependent shuffle latencies in one warp.
 // Same bits: every row's |row|^2 is the same FMA chain and the same tree, the sums add the rows in
 // the same order. Without fp8 outputs only: the launcher runs the async3 kernel for those.
-template <class T, int LANES, bool VEC, bool SHIFT, int STAGES, bool ILV = false>
+template <class T, int LANES, bool VEC, bool SHIFT, int STAGES, int NORMS = kNormsRow>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
                                           std::int64_t b, uint4* ring) {
   constexpr int kRowsPerStep = 32 / LANES;
@@ -251,7 +256,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         }
       }
     };
-    // ILV: the same arithmetic as consume on a pool batch without fp8 outputs, in three phases.
+    // kNormsLevels: the same arithmetic as consume on a pool batch without fp8 outputs, in three phases.
     const auto consume_ilv = [&](const uint4 (&raw)[kBatch], int s0, bool full, std::false_type /*no fp8*/) {
       const auto row = [&](int u, float (&v)[8]) {  // step u's values: unpacked, shifted, zero past the item
         const bool valid = full || (col_ok && s0 + u * kRowsPerStep + grp < n);
@@ -290,6 +295,78 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], inv, unit[j]);
       }
     };
+    // TREE (kNormsTree): the batch's |row|^2 partials reduced by a transposing tree. At each of the
+    // first levels a lane keeps half of its values and sends the other half to its partner (lane ^ xm),
+    // which keeps the halves the other way round; so a level adds the same pairs as the butterfly of
+    // consume (own + partner's value of the same step, commutative: the same bits) with half the
+    // shuffles, and after log2(kBatch) levels a lane holds whole-row sums of one step (of kHeld
+    // steps when LANES < kBatch). Levels after that are the butterfly. The lane's rows' factors
+    // 1 / |row| are then taken once per held step and broadcast to the row's lanes by index shuffles.
+    const auto consume_tree = [&](const uint4 (&raw)[kBatch], int s0, bool full, std::false_type /*no fp8*/) {
+      const auto row = [&](int u, float (&v)[8]) {
+        const bool valid = full || (col_ok && s0 + u * kRowsPerStep + grp < n);
+        unpack8<T>(raw[u], v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if constexpr (SHIFT) v[j] -= shift[j];
+          v[j] = valid ? v[j] : 0.0f;
+        }
+        return valid;
+      };
+      float n2[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        float v[8];
+        row(u, v);
+        n2[u] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) n2[u] = fmaf(v[j], v[j], n2[u]);
+      }
+      // held: how many steps' sums this lane still holds (the first `held` of n2); a lane whose bit
+      // xm is set kept the upper half at that level.
+      int held = kBatch;
+#pragma unroll
+      for (int xm = LANES / 2; xm > 0; xm >>= 1) {
+        if (held > 1) {
+          const int half = held / 2;
+          const bool upper = (lane & xm) != 0;
+#pragma unroll
+          for (int j = 0; j < half; ++j) {
+            const float keep = upper ? n2[j + half] : n2[j];
+            const float send = upper ? n2[j] : n2[j + half];
+            n2[j] = keep + __shfl_xor_sync(0xffffffffu, send, xm);
+          }
+          held = half;
+        } else {
+          n2[0] += __shfl_xor_sync(0xffffffffu, n2[0], xm);
+        }
+      }
+      constexpr int kHeld = LANES >= kBatch ? 1 : kBatch / LANES;
+      float inv[kHeld];
+#pragma unroll
+      for (int j = 0; j < kHeld; ++j) inv[j] = n2[j] > 0.0f ? rsqrtf(n2[j]) : 0.0f;  // as consume
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        // The lane of this row group that holds step u: the transposing levels' bits of u / kHeld.
+        int src = grp * LANES;
+        {
+          int rest = u / kHeld, bitv = kBatch / kHeld / 2;
+#pragma unroll
+          for (int xm = LANES / 2; xm > 0 && bitv > 0; xm >>= 1, bitv >>= 1) {
+            if (rest & bitv) src += xm;
+          }
+        }
+        const float f = __shfl_sync(0xffffffffu, inv[u % kHeld], src);
+        float v[8];
+        const bool valid = row(u, v);
+        if (valid) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sum[j] += v[j];
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], f, unit[j]);
+      }
+    };
     const auto consume_any = [&](const uint4 (&raw)[kBatch], int s0) {
       // `full` passed as a literal: the callee is inlined with the constant (no per-row checks).
       const bool full = s0 + kRowsPerBatch <= n;
@@ -300,9 +377,13 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
           step(raw, s0, false, f8_tag);
         }
       };
-      if constexpr (ILV) {  // no fp8 outputs here (the launcher's choice): pool rows, or plain row sums
+      if constexpr (NORMS != kNormsRow) {  // no fp8 outputs here (the launcher's choice): pool rows, or plain row sums
         if (pool) {
-          by_full(consume_ilv, std::false_type{});
+          if constexpr (NORMS == kNormsLevels) {
+            by_full(consume_ilv, std::false_type{});
+          } else {
+            by_full(consume_tree, std::false_type{});
+          }
         } else {
           by_full(consume, std::false_type{});
         }
@@ -390,7 +471,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         m.data[si * m.stride[0] + h * m.stride[1] + b * m.stride[2]] = sim;
       }
     }
-    if (!ILV && f8 && sg.is_k) {
+    if (NORMS == kNormsRow && f8 && sg.is_k) {
       // The K block's scale from its maximum (over the warp), then a second read of the block
       // (just read: from L2), shifted as above and quantized, two batches of loads at a time.
       const ::sparge::quant::Pow2Scale sc = ::sparge::quant::pow2_scale(__reduce_max_sync(0xffffffffu, f8_amax));
@@ -486,7 +567,7 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 // The pass: a 1-D grid-stride loop (or ticket loop) over the items of one or two segments.
 // STAGES > 0: the cp.async ring of pool_item, STAGES * kBatch * 512 bytes of dynamic shared memory
 // per warp.
-template <class T, int LANES, bool VEC, int MINB, int STAGES = 0, bool ILV = false>
+template <class T, int LANES, bool VEC, int MINB, int STAGES = 0, int NORMS = kNormsRow>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
   extern __shared__ uint4 pool_ring[];
@@ -510,9 +591,9 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     std::int64_t h, b, si;
     decode_item(sg, i, a.small, si, h, b);
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, VEC, true, STAGES, ILV>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, VEC, true, STAGES, NORMS>(a.g, sg, si, h, b, ring);
     } else {
-      pool_item<T, LANES, VEC, false, STAGES, ILV>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, VEC, false, STAGES, NORMS>(a.g, sg, si, h, b, ring);
     }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
@@ -590,16 +671,19 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 //     CTAs cannot have the ring's shared memory (async3 falls back to it) and as the reference
 //     the ring is compared with.
 //   async3i (opt-in, session 7, not yet run on a GPU): async3 with a batch's row norms interleaved
-//     over its steps (pool_item's ILV); written after ncu showed pass 2 stalled on the norms'
+//     over its steps (pool_item's kNormsLevels); written after ncu showed pass 2 stalled on the norms'
 //     shuffle trees, one row after the other.
+//   async3t (opt-in, session 8): async3 with a batch's row norms by the transposing tree (consume_tree:
+//     16 shuffles and one rsqrtf per batch at d128 instead of 32 and 8, same bits).
 // Deleted after the session-5 measurement (same bits, not faster): prefetch, base, wide, small4,
 // async, async4x4, and the cross-item rings stream3 / stream4x4 (stream4x4 equalled async3's total,
 // with an issue cursor across items: more code for nothing).
-enum class PoolVariant { kAsync3, kBase3, kAsync3i };
+enum class PoolVariant { kAsync3, kBase3, kAsync3i, kAsync3t };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
   if (v != nullptr && std::strcmp(v, "async3i") == 0) return PoolVariant::kAsync3i;
+  if (v != nullptr && std::strcmp(v, "async3t") == 0) return PoolVariant::kAsync3t;
   return PoolVariant::kAsync3;
 }
 
@@ -683,11 +767,15 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
         kernel<<<pass_grid(kernel, grid, resident_only, bytes), kPoolThreads, bytes, st>>>(a);
         return true;
       };
+      // The ring kernel of the variant (the norms' variants without fp8 outputs only).
+      const auto ring_kernel = [&] {
+        if (!fp8_out && variant == PoolVariant::kAsync3i) return go_ring(pass_kernel<T, L, true, 2, kStages, kNormsLevels>);
+        if (!fp8_out && variant == PoolVariant::kAsync3t) return go_ring(pass_kernel<T, L, true, 2, kStages, kNormsTree>);
+        return go_ring(pass_kernel<T, L, true, 2, kStages>);
+      };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, 2>);
-      } else if (variant == PoolVariant::kBase3 ||
-                 !(variant == PoolVariant::kAsync3i && !fp8_out ? go_ring(pass_kernel<T, L, true, 2, kStages, true>)
-                                                                : go_ring(pass_kernel<T, L, true, 2, kStages>))) {
+      } else if (variant == PoolVariant::kBase3 || !ring_kernel()) {
         go_kernel(pass_kernel<T, L, true, 3>);
       }
     };
@@ -743,6 +831,7 @@ const char* pool_variant_name() {
   switch (pool_variant()) {
     case PoolVariant::kBase3: return "base3";
     case PoolVariant::kAsync3i: return "async3i";
+    case PoolVariant::kAsync3t: return "async3t";
     default: return "async3";
   }
 }
