@@ -180,52 +180,6 @@ class StageTimer {
   std::vector<std::pair<const char*, cudaEvent_t>> marks_;
 };
 
-// SPARGE_BLOCKMAP_OVERLAP=W (read per call; same bits): with smooth_k, pass 2 runs as W launches over
-// windows of kv heads, and the scores and selection of a window run on a high-priority side stream as
-// soon as its K is pooled, beside the pooling of the next windows (the small stages are latency-bound,
-// the pooling memory-bound). 0 or 1, or fewer than 2 kv heads: one pass 2, then scores and selection.
-int overlap_windows(const Geometry& g, bool smooth) {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_OVERLAP");
-  if (!smooth || v == nullptr) return 0;
-  const long w = std::strtol(v, nullptr, 10);
-  if (w < 2 || g.hk < 2) return 0;
-  return static_cast<int>(w < g.hk ? w : g.hk);
-}
-
-// The side stream (highest priority) and the events of the overlapped stages, per device and host
-// thread, made on first use and kept for the life of the process (never destroyed: a destructor at
-// thread exit could run after the CUDA context is gone).
-struct SideStream {
-  int dev = -1;
-  cudaStream_t stream = nullptr;
-  std::vector<cudaEvent_t> events;
-};
-cudaError_t side_stream(int windows, SideStream*& out) {
-  thread_local std::vector<SideStream*> all;
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  SideStream* side = nullptr;
-  for (SideStream* x : all) {
-    if (x->dev == dev) side = x;
-  }
-  if (side == nullptr) {
-    int least = 0, greatest = 0;
-    if ((e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess) return e;
-    cudaStream_t st = nullptr;
-    if ((e = cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, greatest)) != cudaSuccess) return e;
-    side = new SideStream{dev, st, {}};
-    all.push_back(side);
-  }
-  while (side->events.size() < static_cast<std::size_t>(windows) + 1) {
-    cudaEvent_t ev = nullptr;
-    if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess) return e;
-    side->events.push_back(ev);
-  }
-  out = side;
-  return cudaSuccess;
-}
-
 }  // namespace
 
 Status supported(const BlockMapParams& p) {
@@ -321,58 +275,21 @@ Status build_block_map(const BlockMapParams& p) {
 
   StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
-  const int windows = overlap_windows(g, p.smooth_k);
   phase = "the pooling (K mean, Q and K blocks)";
   if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim), out_of<float>(p.maybe_k_sim),
-                          stream, timer.marks(), fp8, /*k_pass=*/windows == 0)) != cudaSuccess) {
+                          stream, timer.marks(), fp8)) != cudaSuccess) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;
-  const auto scores_and_select = [&](const Geometry& gw, cudaStream_t st, bool allow_pdl) {
-    phase = "the pooled scores";
-    if ((e = launch_scores(gw, scale, s, st, allow_pdl)) != cudaSuccess) return false;
-    if (windows == 0) timer.mark("scores");
-    phase = "the selection";
-    if ((e = launch_select(gw, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
-                           out_of<float>(p.maybe_scores), st)) != cudaSuccess) {
-      return false;
-    }
-    if (windows == 0) timer.mark("select");
-    return true;
-  };
-  if (windows == 0) {
-    if (!scores_and_select(g, stream, true)) return fail(e);
-  } else {
-    // Window w: kv heads [hk * w / W, hk * (w + 1) / W) and their query heads. Pass 2 of the windows
-    // in order on the caller's stream; the side stream waits for a window's K, then scores and
-    // selects it (the scores launch without PDL: it waits on an event, not on the kernel before it).
-    phase = "the overlapped stages' side stream";
-    SideStream* side = nullptr;
-    if ((e = side_stream(windows, side)) != cudaSuccess) return fail(e);
-    const std::int64_t group = g.hq / g.hk;
-    for (int w = 0; w < windows; ++w) {
-      const std::int64_t kh0 = g.hk * w / windows, kh1 = g.hk * (w + 1) / windows;
-      phase = "the pooling of K";
-      if ((e = launch_pool_k(g, k, bf16, s, out_of<float>(p.maybe_k_sim), fp8, kh0, kh1 - kh0, stream)) != cudaSuccess) {
-        return fail(e);
-      }
-      phase = "the overlapped stages' events";
-      if ((e = cudaEventRecord(side->events[w], stream)) != cudaSuccess ||
-          (e = cudaStreamWaitEvent(side->stream, side->events[w], 0)) != cudaSuccess) {
-        return fail(e);
-      }
-      Geometry gw = g;
-      gw.qh0 = kh0 * group;
-      gw.qhn = (kh1 - kh0) * group;
-      if (!scores_and_select(gw, side->stream, false)) return fail(e);
-    }
-    phase = "the overlapped stages' events";
-    if ((e = cudaEventRecord(side->events[windows], side->stream)) != cudaSuccess ||
-        (e = cudaStreamWaitEvent(stream, side->events[windows], 0)) != cudaSuccess) {
-      return fail(e);
-    }
-    timer.mark("pool K + scores + select (overlapped)");
+  phase = "the pooled scores";
+  if ((e = launch_scores(g, scale, s, stream)) != cudaSuccess) return fail(e);
+  timer.mark("scores");
+  phase = "the selection";
+  if ((e = launch_select(g, rule, s, out_of<std::int32_t>(p.lut), out_of<std::int32_t>(p.counts),
+                         out_of<float>(p.maybe_scores), stream)) != cudaSuccess) {
+    return fail(e);
   }
+  timer.mark("select");
   e = cudaFreeAsync(base, stream);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();

@@ -31,10 +31,6 @@ struct Geometry {
   const std::int32_t* cu_q = nullptr;  // device memory; null without varlen
   const std::int32_t* cu_k = nullptr;
   std::int64_t rows_q = 0, rows_k = 0;  // dimension 1 of q and k (varlen clamps to them)
-  // The query heads that a scores or selection launch covers: [qh0, qh0 + qhn), or all of them when
-  // qhn = 0 (the overlapped small stages, SPARGE_BLOCKMAP_OVERLAP, launch them per kv-head window).
-  std::int64_t qh0 = 0, qhn = 0;
-  __host__ __device__ std::int64_t window_heads() const { return qhn > 0 ? qhn : hq; }
 };
 
 // A [B, S, H, D] tensor of 16-bit floats (f16 or bf16, said by the kernel's template type).
@@ -117,15 +113,9 @@ struct Fp8Out {
 // folded into the first, after a memset of s.k_done) or three (pool.cu).
 // With fp8.q8 set, pass 1's Q items also write the fp8 recipe's Q, and the K pooling items (pass
 // 2, or pass 1 without smooth) its K (the K mean is s.k_mean: the caller points it at its output).
-// k_pass = false (smooth only): stop after the K mean; the caller runs pass 2 by launch_pool_k.
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
-                           const Marks& marks = {}, const Fp8Out& fp8 = {}, bool k_pass = true);
-// Pass 2 (smooth): the K pooling of kv heads [kh0, kh0 + khn) of every sequence (khn = 0: all),
-// shifted by s.k_mean; `ticket` as PassArgs::ticket (null: the grid stride).
-cudaError_t launch_pool_k(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, const Out<float>& maybe_k_sim,
-                          const Fp8Out& fp8, std::int64_t kh0, std::int64_t khn, cudaStream_t st,
-                          unsigned long long* ticket = nullptr);
+                           const Marks& marks = {}, const Fp8Out& fp8 = {});
 // The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into
@@ -136,8 +126,7 @@ cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, con
 cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st);
 cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is_k, const float* shift, const Scratch& s,
                             cudaStream_t st);
-// allow_pdl = false: a plain launch even where PDL is on (a launch that waits on another stream's event).
-cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st, bool allow_pdl = true);
+cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st);
 // Which scores kernel the geometry takes (names the variant in profiles).
 const char* scores_variant(const Geometry& g);
 // Bytes of dynamic shared memory the selection kernel for nk key blocks needs (0: nk too large).

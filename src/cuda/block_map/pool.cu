@@ -74,8 +74,6 @@ struct Segment {
   bool pool = false;              // pooled mean + similarity; false: plain row sums (K mean chunks)
   bool reverse = false;           // walk the items last to first
   std::int64_t heads = 0, nblk = 0, count = 0;
-  // The items cover heads [h0, h0 + hn) of every sequence (hn = 0: all heads; count says how many).
-  std::int64_t h0 = 0, hn = 0;
   int blk = 0;                    // rows per item
   const float* shift = nullptr;   // [nseq, heads, D] subtracted from every row (smooth_k), or null
   float* out = nullptr;           // [nseq, heads, nblk, D]: pooled rows or chunk sums
@@ -504,20 +502,17 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
   }
 }
 
-// The (sequence, head, block) of pooling item i of segment sg (items numbered head fastest, over the
-// segment's heads).
+// The (sequence, head, block) of pooling item i of segment sg (items numbered head fastest).
 __device__ __forceinline__ void decode_item(const Segment& sg, std::int64_t i, bool small, std::int64_t& si,
                                             std::int64_t& h, std::int64_t& b) {
-  const std::int64_t nh = sg.hn > 0 ? sg.hn : sg.heads;
   if (small) {  // 32-bit divisions (a 64-bit one is a long software sequence)
-    const auto ui = static_cast<std::uint32_t>(i), uh = static_cast<std::uint32_t>(nh);
+    const auto ui = static_cast<std::uint32_t>(i), uh = static_cast<std::uint32_t>(sg.heads);
     const auto ub = static_cast<std::uint32_t>(sg.nblk);
     const std::uint32_t q = ui / uh;
     h = ui - q * uh, b = q % ub, si = q / ub;
   } else {
-    h = i % nh, b = (i / nh) % sg.nblk, si = i / (nh * sg.nblk);
+    h = i % sg.heads, b = (i / sg.heads) % sg.nblk, si = i / (sg.heads * sg.nblk);
   }
-  h += sg.h0;
 }
 
 // ---- K mean folded into pass 1 (smooth_k, SPARGE_BLOCKMAP_KMEAN=fold) ----------------------------------------------
@@ -863,49 +858,28 @@ cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is
   return launch_pass(bf16, a, st);
 }
 
-namespace {
-// A pool segment that also writes the fp8 recipe's rows (when asked for).
-Segment with_f8(const Geometry& g, const Fp8Out& fp8, Segment sg) {
-  if (fp8.q8 != nullptr) {
-    sg.f8 = sg.is_k ? fp8.k8 : fp8.q8;
-    sg.f8_scale = sg.is_k ? fp8.k_scale : fp8.q_scale;
-    sg.f8_rows = sg.is_k ? g.sk : g.sq;
-  }
-  return sg;
-}
-}  // namespace
-
-cudaError_t launch_pool_k(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, const Out<float>& maybe_k_sim,
-                          const Fp8Out& fp8, std::int64_t kh0, std::int64_t khn, cudaStream_t st,
-                          unsigned long long* ticket) {
-  PassArgs p2;
-  p2.g = g;
-  p2.ticket = ticket;
-  p2.seg[0] = with_f8(g, fp8, pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
-  if (khn > 0) {
-    p2.seg[0].h0 = kh0;
-    p2.seg[0].hn = khn;
-    p2.seg[0].count = g.nseq * khn * g.nk;
-  }
-  p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
-  return launch_pass(bf16, p2, st);
-}
-
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
-                           const Marks& marks, const Fp8Out& fp8, bool k_pass) {
-  PassArgs p1;
-  unsigned long long* ticket2 = nullptr;
+                           const Marks& marks, const Fp8Out& fp8) {
+  const auto with_f8 = [&](Segment sg) {  // a pool segment that also writes the fp8 recipe's rows
+    if (fp8.q8 != nullptr) {
+      sg.f8 = sg.is_k ? fp8.k8 : fp8.q8;
+      sg.f8_scale = sg.is_k ? fp8.k_scale : fp8.q_scale;
+      sg.f8_rows = sg.is_k ? g.sk : g.sq;
+    }
+    return sg;
+  };
+  PassArgs p1, p2;
   if (s.tickets != nullptr && ticket_on()) {
     const cudaError_t e = cudaMemsetAsync(s.tickets, 0, 2 * sizeof(unsigned long long), st);
     if (e != cudaSuccess) return e;
     p1.ticket = s.tickets;
-    ticket2 = s.tickets + 1;
+    p2.ticket = s.tickets + 1;
   }
   p1.g = g;
-  p1.seg[0] = with_f8(g, fp8, pool_segment(g, q, false, nullptr, s, maybe_q_sim));
+  p1.seg[0] = with_f8(pool_segment(g, q, false, nullptr, s, maybe_q_sim));
   if (!smooth) {
-    p1.seg[1] = with_f8(g, fp8, pool_segment(g, k, true, nullptr, s, maybe_k_sim));
+    p1.seg[1] = with_f8(pool_segment(g, k, true, nullptr, s, maybe_k_sim));
     const cudaError_t e = launch_pass(bf16, p1, st);
     marks("pool Q+K");
     return e;
@@ -929,8 +903,11 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     if ((e = launch_k_mean(g, s, st)) != cudaSuccess) return e;
     marks("K mean");
   }
-  if (!k_pass) return cudaSuccess;
-  e = launch_pool_k(g, k, bf16, s, maybe_k_sim, fp8, 0, 0, st, ticket2);
+
+  p2.g = g;
+  p2.seg[0] = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
+  p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
+  e = launch_pass(bf16, p2, st);
   marks("pool K");
   return e;
 }

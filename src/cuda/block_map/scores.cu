@@ -35,12 +35,11 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(Geometry g, float scal
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % 16, ty = tid / 16;
   const std::int64_t tiles_q = (g.nq + TILE - 1) / TILE, tiles_k = (g.nk + TILE - 1) / TILE;
-  const std::int64_t nh = g.window_heads();
-  const std::int64_t total = g.nseq * nh * tiles_q * tiles_k;
+  const std::int64_t total = g.nseq * g.hq * tiles_q * tiles_k;
   const std::int64_t group = g.hq / g.hk;
   for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
     const std::int64_t tk = w % tiles_k, tq = (w / tiles_k) % tiles_q;
-    const std::int64_t h = g.qh0 + (w / (tiles_k * tiles_q)) % nh, si = w / (tiles_k * tiles_q * nh);
+    const std::int64_t h = (w / (tiles_k * tiles_q)) % g.hq, si = w / (tiles_k * tiles_q * g.hq);
     const std::int64_t qb0 = tq * TILE, kb0 = tk * TILE;
     const Seq seq = sequence(g, si);
     // Visibility grows with the query block, so the tile's last real query block bounds it.
@@ -125,14 +124,13 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % 16, ty = tid / 16;
   const std::int64_t tiles_q = (g.nq + BM - 1) / BM, tiles_k = (g.nk + kBig - 1) / kBig;
-  const std::int64_t nh = g.window_heads();
-  const std::int64_t total = g.nseq * nh * tiles_q * tiles_k;
+  const std::int64_t total = g.nseq * g.hq * tiles_q * tiles_k;
   const std::int64_t group = g.hq / g.hk;
   const int d = static_cast<int>(g.d);
   const int chunks = (d + kStageCols - 1) / kStageCols;
   for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
     const std::int64_t tk = w % tiles_k, tq = (w / tiles_k) % tiles_q;
-    const std::int64_t h = g.qh0 + (w / (tiles_k * tiles_q)) % nh, si = w / (tiles_k * tiles_q * nh);
+    const std::int64_t h = (w / (tiles_k * tiles_q)) % g.hq, si = w / (tiles_k * tiles_q * g.hq);
     const std::int64_t qb0 = tq * BM, kb0 = tk * kBig;
     const Seq seq = sequence(g, si);
     const std::int64_t nq_seq = (seq.q_len + g.blkq - 1) / g.blkq;
@@ -214,14 +212,14 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
 }
 
 template <int BM>
-cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st, bool pdl) {
-  const std::int64_t tiles = g.nseq * g.window_heads() * ((g.nq + BM - 1) / BM) * ((g.nk + kBig - 1) / kBig);
+cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
+  const std::int64_t tiles = g.nseq * g.hq * ((g.nq + BM - 1) / BM) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
   const cudaError_t e = cudaFuncSetAttribute(scores_stage_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(kStageSmem<BM>));
   if (e != cudaSuccess) return e;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_maybe_pdl(scores_stage_kernel<BM>, grid, kThreads, kStageSmem<BM>, st, pdl, g, scale, s);
+  return launch_maybe_pdl(scores_stage_kernel<BM>, grid, kThreads, kStageSmem<BM>, st, pdl_enabled(), g, scale, s);
 }
 
 // SPARGE_BLOCKMAP_SCORES=half (read per call; same bits): the staged kernel with 64 x 128 tiles.
@@ -231,11 +229,11 @@ bool half_tiles() {
 }
 
 template <int TILE>
-cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_t st, bool pdl) {
-  const std::int64_t tiles = g.nseq * g.window_heads() * ((g.nq + TILE - 1) / TILE) * ((g.nk + TILE - 1) / TILE);
+cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
+  const std::int64_t tiles = g.nseq * g.hq * ((g.nq + TILE - 1) / TILE) * ((g.nk + TILE - 1) / TILE);
   if (tiles == 0) return cudaSuccess;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_maybe_pdl(scores_kernel<TILE>, grid, kThreads, 0, st, pdl, g, scale, s);
+  return launch_maybe_pdl(scores_kernel<TILE>, grid, kThreads, 0, st, pdl_enabled(), g, scale, s);
 }
 
 }  // namespace
@@ -266,13 +264,12 @@ const char* scores_variant(const Geometry& g) {
   return pdl ? "tile16+pdl" : "tile16";
 }
 
-cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st, bool allow_pdl) {
+cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
-  const bool pdl = allow_pdl && pdl_enabled();
-  if (m >= 128) return half_tiles() ? launch_stage<64>(g, scale, s, st, pdl) : launch_stage<128>(g, scale, s, st, pdl);
-  if (m >= 64) return launch<64>(g, scale, s, st, pdl);
-  if (m >= 32) return launch<32>(g, scale, s, st, pdl);
-  return launch<16>(g, scale, s, st, pdl);
+  if (m >= 128) return half_tiles() ? launch_stage<64>(g, scale, s, st) : launch_stage<128>(g, scale, s, st);
+  if (m >= 64) return launch<64>(g, scale, s, st);
+  if (m >= 32) return launch<32>(g, scale, s, st);
+  return launch<16>(g, scale, s, st);
 }
 
 }  // namespace sparge::cuda::block_map

@@ -103,14 +103,12 @@ __global__ void __launch_bounds__(NT) select_kernel(const __grid_constant__ Sele
   typename T::Shared& sh = *reinterpret_cast<typename T::Shared*>(smem);
   const Geometry& g = a.g;
   const int tid = static_cast<int>(threadIdx.x);
-  const std::int64_t nh = g.window_heads();
-  const std::int64_t total = g.nseq * nh * g.nq;
+  const std::int64_t total = g.nseq * g.hq * g.nq;
   const std::int64_t group = g.hq / g.hk;
   const bool has_threshold = a.rule.has_threshold;
 
-  for (std::int64_t wrow = blockIdx.x; wrow < total; wrow += gridDim.x) {
-    const std::int64_t qb = wrow % g.nq, h = g.qh0 + (wrow / g.nq) % nh, si = wrow / (g.nq * nh);
-    const std::int64_t row = (si * g.hq + h) * g.nq + qb;  // the row of the scores and the LUT
+  for (std::int64_t row = blockIdx.x; row < total; row += gridDim.x) {
+    const std::int64_t qb = row % g.nq, h = (row / g.nq) % g.hq, si = row / (g.nq * g.hq);
     const Seq seq = sequence(g, si);
     const int nv = static_cast<int>(visible_blocks(g, seq, qb));
     const float threshold = has_threshold ? a.rule.threshold[h] : 0.0f;
@@ -515,24 +513,21 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_row_kernel(const __grid
   pdl_wait();  // the scores and sims of the launches before (a no-op without PDL)
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
-  const std::int64_t nh = g.window_heads();
-  const std::int64_t total = g.nseq * nh * g.nq;
+  const std::int64_t total = g.nseq * g.hq * g.nq;
   const std::int64_t group = g.hq / g.hk;
   const bool has_threshold = a.rule.has_threshold;
   const unsigned lanes_below = (1u << lane) - 1u;
-  for (std::int64_t wrow = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + wid; wrow < total;
-       wrow += static_cast<std::int64_t>(gridDim.x) * kRowWarps) {
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + wid; row < total;
+       row += static_cast<std::int64_t>(gridDim.x) * kRowWarps) {
     std::int64_t qb, h, si;
     if (small) {  // every row index fits in 31 bits
-      const auto ur = static_cast<std::uint32_t>(wrow), unq = static_cast<std::uint32_t>(g.nq);
-      const auto uhq = static_cast<std::uint32_t>(nh);
+      const auto ur = static_cast<std::uint32_t>(row), unq = static_cast<std::uint32_t>(g.nq);
+      const auto uhq = static_cast<std::uint32_t>(g.hq);
       const std::uint32_t q = ur / unq;
       qb = ur - q * unq, h = q % uhq, si = q / uhq;
     } else {
-      qb = wrow % g.nq, h = (wrow / g.nq) % nh, si = wrow / (g.nq * nh);
+      qb = row % g.nq, h = (row / g.nq) % g.hq, si = row / (g.nq * g.hq);
     }
-    h += g.qh0;
-    const std::int64_t row = (si * g.hq + h) * g.nq + qb;  // the row of the scores and the LUT
     const Seq seq = sequence(g, si);
     const int nv = static_cast<int>(visible_blocks(g, seq, qb));
     // ---- every load of the row, before any store ----------------------------------------------
@@ -605,7 +600,7 @@ TopK topk_kind() {
 
 template <int IPT>
 cudaError_t launch_warp(const SelectArgs& a, cudaStream_t st) {
-  const std::int64_t rows = a.g.nseq * a.g.window_heads() * a.g.nq;
+  const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
   if (rows == 0) return cudaSuccess;
   const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
   const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
@@ -624,7 +619,7 @@ std::size_t smem_bytes() {
 
 template <int NT, int IPT>
 cudaError_t launch(const SelectArgs& a, cudaStream_t st) {
-  const std::int64_t rows = a.g.nseq * a.g.window_heads() * a.g.nq;
+  const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
   if (rows == 0) return cudaSuccess;
   const std::size_t bytes = smem_bytes<NT, IPT>();
   if (bytes > kDefaultSmem) {
