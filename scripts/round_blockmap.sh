@@ -10,16 +10,15 @@
 #     blkq128 blkk64: default (pivot + PDL) 0.2926, PDL=0 0.3053, bit search + PDL 0.2992 ms;
 #     target <= 0.27). Variants: default | SPARGE_BLOCKMAP_PDL=0 | SPARGE_BLOCKMAP_SELECT=bits |
 #     SPARGE_BLOCKMAP_SCORES=half (64 x 128 scores tiles: is its "scores" stage below 0.0235?) |
-#     SPARGE_BLOCKMAP_POOL=async3i (session 7, opt-in: a batch's row norms interleaved; is its
-#     "pool K" stage below the default's 0.090 ms? The switch cases in the suite check its bits) |
-#     SPARGE_BLOCKMAP_POOL=async3t (session 8, opt-in: the norms by a transposing tree; the same question).
+#     SPARGE_BLOCKMAP_PDL=2 (session 8, opt-in: the pooling launches in a PDL chain too; is the bench
+#     median below the default's? The switch cases in the suite check its bits).
 #  2. "== ncu": duration, SM throughput, occupancy and executed instructions of the scores kernel
 #     (128 x 128 tiles, then the half tiles) and select_row_kernel at 128 x 64.
 set -u
 B=${B:?set B to the build directory}
 T=$B/tests/sparge_gpu_tests
 echo "== timings"
-for v in X=0 SPARGE_BLOCKMAP_PDL=0 SPARGE_BLOCKMAP_SELECT=bits SPARGE_BLOCKMAP_SCORES=half SPARGE_BLOCKMAP_POOL=async3i SPARGE_BLOCKMAP_POOL=async3t; do
+for v in X=0 SPARGE_BLOCKMAP_PDL=0 SPARGE_BLOCKMAP_SELECT=bits SPARGE_BLOCKMAP_SCORES=half SPARGE_BLOCKMAP_PDL=2; do
   echo "-- $v (profile on)"
   env $v SPARGE_BENCH=1 SPARGE_BLOCKMAP_BENCH_QUICK=1 SPARGE_BLOCKMAP_PROFILE=1 timeout 30 "$T" --filter=BLOCKMAP_GPU_BENCH 2>&1 |
     grep -E 'blkq128 blkk64|profile.*blkq 128 blkk 64' | tail -2

@@ -123,7 +123,8 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
 // Which pooling kernel variant runs (names it in profiles; SPARGE_BLOCKMAP_POOL).
 const char* pool_variant_name();
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
-cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st);
+// pdl: launched as a programmatic dependent of pass 1, and letting pass 2 start early (the PDL chain).
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st, bool pdl = false);
 cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is_k, const float* shift, const Scratch& s,
                             cudaStream_t st);
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st);

@@ -29,6 +29,7 @@
 
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/block_map/load.cuh"
+#include "cuda/block_map/pdl.cuh"
 #include "quant/quant_rule.h"
 
 namespace sparge::cuda::block_map {
@@ -95,6 +96,9 @@ struct PassArgs {
   Geometry g;
   Segment seg[2];  // items [0, seg[0].count), then [.., + seg[1].count)
   bool small = false;  // every item index and count fits in 32 bits: 32-bit index arithmetic
+  // griddepcontrol.launch_dependents at the top, so that the next launch (under PDL) may start on
+  // the SMs this grid's last CTAs leave free (the PDL chain, pooling_pdl()).
+  bool trigger = false;
   // Non-null (SPARGE_BLOCKMAP_TICKET=1): a counter zeroed before the launch; each warp takes its
   // next item index from it (atomicAdd), so items start in index order across the whole grid and a
   // warp that finishes early takes the next one (the grid is the resident CTAs). Null: warp w takes
@@ -117,11 +121,6 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
           static_cast<int>(clamp64(len - b * sg.blk, 0, sg.blk))};
 }
 
-// How pool_item computes a batch's row norms (the same bits every way): row by row (consume), each
-// shuffle-tree level over all steps (consume_ilv, SPARGE_BLOCKMAP_POOL=async3i), or by the
-// transposing tree (consume_tree, async3t).
-constexpr int kNormsRow = 0, kNormsLevels = 1, kNormsTree = 2;
-
 // VEC: 16-byte loads (every Rows::vec); else 8 strided 2-byte loads per lane (any strides).
 // SHIFT: sg.shift is set (the K rows of pass 2: the unit's K mean is subtracted from every row);
 // without it the subtraction of zeros is left out (x - 0 is x, -0 included: the same bits).
@@ -131,14 +130,10 @@ constexpr int kNormsRow = 0, kNormsLevels = 1, kNormsTree = 2;
 // reads back only the slots it copied into (it waits for its own cp.async groups; no warp
 // barrier). Rows past the item and lanes past D / 8 get zero-filled slots, as `fetch` gives zeros.
 // STAGES == 0: the warp alternates between loading a batch into registers and adding it up.
-// NORMS = kNormsLevels (SPARGE_BLOCKMAP_POOL=async3i, opt-in): a batch's row norms are computed step by step in
-// three phases (the steps' |row|^2 partials, then each level of the shuffle trees over all steps,
-// then the sums with the rows unpacked again) instead of one row after the other: the compiler
-// keeps the shuffles of one tree after another (ptxas does not interleave the eight trees of a
-// batch: sm_90a SASS of session 7), so a batch pays 8 x 4 dependent shuffle latencies in one warp.
-// Same bits: every row's |row|^2 is the same FMA chain and the same tree, the sums add the rows in
-// the same order. Without fp8 outputs only: the launcher runs the async3 kernel for those.
-template <class T, int LANES, bool VEC, bool SHIFT, int STAGES, int NORMS = kNormsRow>
+// Pool batches without fp8 outputs take their row norms by the transposing tree (consume_tree);
+// the fp8 recipe's batches (which also need each Q row's maximum) and the K-mean chunk sums take
+// consume, row by row.
+template <class T, int LANES, bool VEC, bool SHIFT, int STAGES>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
                                           std::int64_t b, uint4* ring) {
   constexpr int kRowsPerStep = 32 / LANES;
@@ -179,11 +174,20 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       }
     };
 
+    // The shift (the K mean) is written by the launch before this one: under the PDL chain
+    // (PassArgs::trigger, pooling_pdl) this grid may start before that launch ends, so the shift is
+    // read after pdl_wait(), and the ring's first loads (of the input, which nothing writes) are
+    // issued before it. Without PDL pdl_wait() returns at once.
     float shift[8] = {};
-    if (SHIFT && col_ok) {
+    const auto load_shift = [&] {
+      if constexpr (SHIFT) {
+        pdl_wait();
+        if (col_ok) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) shift[j] = sg.shift[(si * sg.heads + h) * g.d + sub * 8 + j];
-    }
+          for (int j = 0; j < 8; ++j) shift[j] = sg.shift[(si * sg.heads + h) * g.d + sub * 8 + j];
+        }
+      }
+    };
     float sum[8] = {}, unit[8] = {};
     // The fp8 recipe's outputs (pool segments with sg.f8): a Q item's rows are quantized as they
     // are added up; a K item's maximum is taken here and the block quantized after the loop.
@@ -256,46 +260,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         }
       }
     };
-    // kNormsLevels: the same arithmetic as consume on a pool batch without fp8 outputs, in three phases.
-    const auto consume_ilv = [&](const uint4 (&raw)[kBatch], int s0, bool full, std::false_type /*no fp8*/) {
-      const auto row = [&](int u, float (&v)[8]) {  // step u's values: unpacked, shifted, zero past the item
-        const bool valid = full || (col_ok && s0 + u * kRowsPerStep + grp < n);
-        unpack8<T>(raw[u], v);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if constexpr (SHIFT) v[j] -= shift[j];
-          v[j] = valid ? v[j] : 0.0f;
-        }
-        return valid;
-      };
-      float n2[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        float v[8];
-        row(u, v);
-        n2[u] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) n2[u] = fmaf(v[j], v[j], n2[u]);
-      }
-#pragma unroll
-      for (int xm = LANES / 2; xm > 0; xm >>= 1) {
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) n2[u] += __shfl_xor_sync(0xffffffffu, n2[u], xm);
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        float v[8];
-        const bool valid = row(u, v);
-        if (valid) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) sum[j] += v[j];
-        }
-        const float inv = n2[u] > 0.0f ? rsqrtf(n2[u]) : 0.0f;  // as consume: a zero row adds (+-0)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) unit[j] = fmaf(v[j], inv, unit[j]);
-      }
-    };
-    // TREE (kNormsTree): the batch's |row|^2 partials reduced by a transposing tree. At each of the
+    // consume_tree: the batch's |row|^2 partials reduced by a transposing tree. At each of the
     // first levels a lane keeps half of its values and sends the other half to its partner (lane ^ xm),
     // which keeps the halves the other way round; so a level adds the same pairs as the butterfly of
     // consume (own + partner's value of the same step, commutative: the same bits) with half the
@@ -377,20 +342,12 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
           step(raw, s0, false, f8_tag);
         }
       };
-      if constexpr (NORMS != kNormsRow) {  // no fp8 outputs here (the launcher's choice): pool rows, or plain row sums
-        if (pool) {
-          if constexpr (NORMS == kNormsLevels) {
-            by_full(consume_ilv, std::false_type{});
-          } else {
-            by_full(consume_tree, std::false_type{});
-          }
-        } else {
-          by_full(consume, std::false_type{});
-        }
-      } else if (f8) {
+      if (f8) {
         by_full(consume, std::true_type{});
+      } else if (pool) {
+        by_full(consume_tree, std::false_type{});
       } else {
-        by_full(consume, std::false_type{});
+        by_full(consume, std::false_type{});  // the K-mean chunk sums
       }
     };
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
@@ -413,6 +370,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       };
 #pragma unroll
       for (int t = 0; t < STAGES - 1; ++t) issue(t);
+      load_shift();
       for (int t = 0; t < nb; ++t) {
         // Stage (t + STAGES - 1) % STAGES was read into registers (and added) in iteration t - 1.
         issue(t + STAGES - 1);
@@ -425,6 +383,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       }
     } else {
       uint4 cur[kBatch];
+      load_shift();
       if (n > 0) fetch(cur, 0);
       for (int s0 = 0; s0 < n; s0 += kRowsPerBatch) {
         consume_any(cur, s0);
@@ -471,7 +430,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         m.data[si * m.stride[0] + h * m.stride[1] + b * m.stride[2]] = sim;
       }
     }
-    if (NORMS == kNormsRow && f8 && sg.is_k) {
+    if (f8 && sg.is_k) {
       // The K block's scale from its maximum (over the warp), then a second read of the block
       // (just read: from L2), shifted as above and quantized, two batches of loads at a time.
       const ::sparge::quant::Pow2Scale sc = ::sparge::quant::pow2_scale(__reduce_max_sync(0xffffffffu, f8_amax));
@@ -567,10 +526,11 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 // The pass: a 1-D grid-stride loop (or ticket loop) over the items of one or two segments.
 // STAGES > 0: the cp.async ring of pool_item, STAGES * kBatch * 512 bytes of dynamic shared memory
 // per warp.
-template <class T, int LANES, bool VEC, int MINB, int STAGES = 0, int NORMS = kNormsRow>
+template <class T, int LANES, bool VEC, int MINB, int STAGES = 0>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
   extern __shared__ uint4 pool_ring[];
+  if (a.trigger) pdl_launch_dependents();
   uint4* const ring = pool_ring + (threadIdx.x / 32) * (STAGES * kBatch * 32);
   const std::int64_t total = a.seg[0].count + a.seg[1].count;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
@@ -591,9 +551,9 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     std::int64_t h, b, si;
     decode_item(sg, i, a.small, si, h, b);
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, VEC, true, STAGES, NORMS>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, VEC, true, STAGES>(a.g, sg, si, h, b, ring);
     } else {
-      pool_item<T, LANES, VEC, false, STAGES, NORMS>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, VEC, false, STAGES>(a.g, sg, si, h, b, ring);
     }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
@@ -652,8 +612,10 @@ __device__ __forceinline__ void unit_k_mean(const Geometry& g, const float* part
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratch s) {
+__global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratch s, bool trigger) {
   __shared__ float red[kPoolThreads];
+  pdl_wait();  // pass 1's chunk sums (a no-op without PDL)
+  if (trigger) pdl_launch_dependents();
   for (std::int64_t w = blockIdx.x; w < g.nseq * g.hk; w += gridDim.x) {
     const Seq seq = sequence(g, w / g.hk);
     unit_k_mean(g, s.k_part + w * s.nchunks * g.d, s.nchunks, seq.k_len, red, s.k_mean + w * g.d);
@@ -670,20 +632,18 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 //     session 4, ~100 bytes of register spills per thread). Kept as the path of devices whose
 //     CTAs cannot have the ring's shared memory (async3 falls back to it) and as the reference
 //     the ring is compared with.
-//   async3i (opt-in, session 7, not yet run on a GPU): async3 with a batch's row norms interleaved
-//     over its steps (pool_item's kNormsLevels); written after ncu showed pass 2 stalled on the norms'
-//     shuffle trees, one row after the other.
-//   async3t (opt-in, session 8): async3 with a batch's row norms by the transposing tree (consume_tree:
-//     16 shuffles and one rsqrtf per batch at d128 instead of 32 and 8, same bits).
+//   The row norms of a batch (without fp8 outputs) by the transposing tree in every kernel since
+//     session 8 (consume_tree; bits unchanged): opt-in as async3t in round 1, 0.271-0.285 ms against
+//     0.291-0.296 for the row-by-row trees at 128 x 64 (pool K 0.075 against 0.091 ms), 0.311-0.318
+//     against 0.338-0.340 at 64 x 64. async3i (session 7: each tree level over the batch's steps, same
+//     bits) measured between the two (0.288-0.297, pool K 0.0845) and is deleted.
 // Deleted after the session-5 measurement (same bits, not faster): prefetch, base, wide, small4,
 // async, async4x4, and the cross-item rings stream3 / stream4x4 (stream4x4 equalled async3's total,
 // with an issue cursor across items: more code for nothing).
-enum class PoolVariant { kAsync3, kBase3, kAsync3i, kAsync3t };
+enum class PoolVariant { kAsync3, kBase3 };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
-  if (v != nullptr && std::strcmp(v, "async3i") == 0) return PoolVariant::kAsync3i;
-  if (v != nullptr && std::strcmp(v, "async3t") == 0) return PoolVariant::kAsync3t;
   return PoolVariant::kAsync3;
 }
 
@@ -721,6 +681,15 @@ bool ticket_on() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
+// SPARGE_BLOCKMAP_PDL=2 (read per call; same bits; sm_90+): the pooling launches form a PDL chain
+// too (PassArgs::trigger, launch_k_mean's pdl): pass 1 and the K mean allow their dependents at
+// their top, the K mean and pass 2 are launched with PDL, and pass 2 issues its first K loads
+// before it waits for the mean. Unset or 1: PDL for the scores and selection only; 0: none.
+bool pooling_pdl() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_PDL");
+  return v != nullptr && std::strcmp(v, "2") == 0 && pdl_enabled();
+}
+
 // The grid for `kernel` (with `smem` bytes of dynamic shared memory): `grid`, or with persist() or
 // a ticket at most the resident CTAs. A failed query keeps `grid` (and clears the error it left).
 template <class Kernel>
@@ -737,14 +706,16 @@ int pass_grid(Kernel kernel, int grid, bool resident_only, int smem = 0) {
 }
 
 // The 16-bit element type and the lanes per row, as template arguments.
-cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
+// pdl: launched as a programmatic dependent of the launch before it (the kernels read what that
+// launch writes only after pdl_wait()).
+cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st, bool pdl = false) {
   const std::int64_t items = a.seg[0].count + a.seg[1].count;
   if (items == 0) return cudaSuccess;
   a.small = items < (std::int64_t{1} << 31);
   const std::int64_t cols = a.g.d / 8;
   // Both segments read vector rows or the strided kernel runs (it is correct for any input).
   const bool vec = a.seg[0].x.vec && (a.seg[1].count == 0 || a.seg[1].x.vec);
-  const bool fp8_out = a.seg[0].f8 != nullptr || (a.seg[1].count > 0 && a.seg[1].f8 != nullptr);
+  cudaError_t launched = cudaSuccess;
   const PoolVariant variant = pool_variant();
   const auto go = [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
@@ -753,7 +724,7 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
       using T = decltype(type);
       const bool resident_only = persist() || a.ticket != nullptr;
       const auto go_kernel = [&](auto kernel) {
-        kernel<<<pass_grid(kernel, grid, resident_only), kPoolThreads, 0, st>>>(a);
+        launched = launch_maybe_pdl(kernel, pass_grid(kernel, grid, resident_only), kPoolThreads, 0, st, pdl, a);
       };
       // The cp.async ring: kStages * kBatch * 512 bytes of dynamic shared memory per warp. A device
       // that cannot give a CTA that much runs base3 (same bits).
@@ -764,18 +735,12 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
           (void)cudaGetLastError();
           return false;
         }
-        kernel<<<pass_grid(kernel, grid, resident_only, bytes), kPoolThreads, bytes, st>>>(a);
+        launched = launch_maybe_pdl(kernel, pass_grid(kernel, grid, resident_only, bytes), kPoolThreads, bytes, st, pdl, a);
         return true;
-      };
-      // The ring kernel of the variant (the norms' variants without fp8 outputs only).
-      const auto ring_kernel = [&] {
-        if (!fp8_out && variant == PoolVariant::kAsync3i) return go_ring(pass_kernel<T, L, true, 2, kStages, kNormsLevels>);
-        if (!fp8_out && variant == PoolVariant::kAsync3t) return go_ring(pass_kernel<T, L, true, 2, kStages, kNormsTree>);
-        return go_ring(pass_kernel<T, L, true, 2, kStages>);
       };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, 2>);
-      } else if (variant == PoolVariant::kBase3 || !ring_kernel()) {
+      } else if (variant == PoolVariant::kBase3 || !go_ring(pass_kernel<T, L, true, 2, kStages>)) {
         go_kernel(pass_kernel<T, L, true, 3>);
       }
     };
@@ -784,7 +749,7 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st) {
     } else {
       run(__half{});
     }
-    return cudaGetLastError();
+    return launched != cudaSuccess ? launched : cudaGetLastError();
   };
   if (cols <= 1) return go(std::integral_constant<int, 1>{});
   if (cols <= 2) return go(std::integral_constant<int, 2>{});
@@ -828,19 +793,18 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
 }  // namespace
 
 const char* pool_variant_name() {
+  const bool chain = pooling_pdl();
   switch (pool_variant()) {
-    case PoolVariant::kBase3: return "base3";
-    case PoolVariant::kAsync3i: return "async3i";
-    case PoolVariant::kAsync3t: return "async3t";
-    default: return "async3";
+    case PoolVariant::kBase3: return chain ? "base3+pdl" : "base3";
+    default: return chain ? "async3+pdl" : "async3";
   }
 }
 
-cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st) {
+cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st, bool pdl) {
   const std::int64_t work = g.nseq * g.hk;
   if (work == 0) return cudaSuccess;
-  k_mean_kernel<<<static_cast<int>(work < kMaxGrid ? work : kMaxGrid), kPoolThreads, 0, st>>>(g, s);
-  return cudaGetLastError();
+  return launch_maybe_pdl(k_mean_kernel, static_cast<int>(work < kMaxGrid ? work : kMaxGrid), kPoolThreads, 0, st, pdl,
+                          g, s, pdl);
 }
 
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st) {
@@ -876,6 +840,10 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     p1.ticket = s.tickets;
     p2.ticket = s.tickets + 1;
   }
+  // The PDL chain: each pooling launch lets the next start on the SMs its last CTAs leave free (the
+  // K mean waits for pass 1 at its top; pass 2 issues its first loads of K, then waits for the mean).
+  const bool chain = pooling_pdl();
+  p1.trigger = p2.trigger = chain;
   p1.g = g;
   p1.seg[0] = with_f8(pool_segment(g, q, false, nullptr, s, maybe_q_sim));
   if (!smooth) {
@@ -900,14 +868,14 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     marks("pool Q + K sums + K mean");
   } else {
     marks("pool Q + K sums");
-    if ((e = launch_k_mean(g, s, st)) != cudaSuccess) return e;
+    if ((e = launch_k_mean(g, s, st, chain)) != cudaSuccess) return e;
     marks("K mean");
   }
 
   p2.g = g;
   p2.seg[0] = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
-  e = launch_pass(bf16, p2, st);
+  e = launch_pass(bf16, p2, st, chain);
   marks("pool K");
   return e;
 }
