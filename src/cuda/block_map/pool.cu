@@ -99,6 +99,9 @@ struct PassArgs {
   // griddepcontrol.launch_dependents at the top, so that the next launch (under PDL) may start on
   // the SMs this grid's last CTAs leave free (the PDL chain, pooling_pdl()).
   bool trigger = false;
+  // Launched as a programmatic dependent (launch_pass's pdl): a warp calls pdl_wait() once, before it
+  // first reads the shift. Without it no pdl_wait() is issued at all.
+  bool waits = false;
   // Non-null (SPARGE_BLOCKMAP_TICKET=1): a counter zeroed before the launch; each warp takes its
   // next item index from it (atomicAdd), so items start in index order across the whole grid and a
   // warp that finishes early takes the next one (the grid is the resident CTAs). Null: warp w takes
@@ -133,9 +136,11 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
 // Pool batches without fp8 outputs take their row norms by the transposing tree (consume_tree);
 // the fp8 recipe's batches (which also need each Q row's maximum) and the K-mean chunk sums take
 // consume, row by row.
-template <class T, int LANES, bool VEC, bool SHIFT, int STAGES>
+// F8: the kernel may be asked for the fp8 recipe's outputs (sg.f8); false leaves their code out (the
+// ring kernel runs without it when no segment has them).
+template <class T, int LANES, bool VEC, bool SHIFT, int STAGES, bool F8 = true>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
-                                          std::int64_t b, uint4* ring) {
+                                          std::int64_t b, uint4* ring, bool wait) {
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -177,11 +182,11 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     // The shift (the K mean) is written by the launch before this one: under the PDL chain
     // (PassArgs::trigger, pooling_pdl) this grid may start before that launch ends, so the shift is
     // read after pdl_wait(), and the ring's first loads (of the input, which nothing writes) are
-    // issued before it. Without PDL pdl_wait() returns at once.
+    // issued before it (a warp waits once: PassArgs::waits).
     float shift[8] = {};
     const auto load_shift = [&] {
       if constexpr (SHIFT) {
-        pdl_wait();
+        if (wait) pdl_wait();
         if (col_ok) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) shift[j] = sg.shift[(si * sg.heads + h) * g.d + sub * 8 + j];
@@ -191,7 +196,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     float sum[8] = {}, unit[8] = {};
     // The fp8 recipe's outputs (pool segments with sg.f8): a Q item's rows are quantized as they
     // are added up; a K item's maximum is taken here and the block quantized after the loop.
-    const bool f8 = pool && sg.f8 != nullptr;
+    const bool f8 = F8 && pool && sg.f8 != nullptr;
     const std::int64_t f8_row0 = (si * sg.heads + h) * sg.f8_rows + b * sg.blk;  // the item's first row
     std::uint32_t f8_amax = 0;
     // FULL: every row of the batch is in the item (warp-uniform), so no per-row checks: a lane
@@ -342,7 +347,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
           step(raw, s0, false, f8_tag);
         }
       };
-      if (f8) {
+      if (F8 && f8) {
         by_full(consume, std::true_type{});
       } else if (pool) {
         by_full(consume_tree, std::false_type{});
@@ -430,7 +435,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
         m.data[si * m.stride[0] + h * m.stride[1] + b * m.stride[2]] = sim;
       }
     }
-    if (f8 && sg.is_k) {
+    if (F8 && f8 && sg.is_k) {
       // The K block's scale from its maximum (over the warp), then a second read of the block
       // (just read: from L2), shifted as above and quantized, two batches of loads at a time.
       const ::sparge::quant::Pow2Scale sc = ::sparge::quant::pow2_scale(__reduce_max_sync(0xffffffffu, f8_amax));
@@ -526,7 +531,7 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 // The pass: a 1-D grid-stride loop (or ticket loop) over the items of one or two segments.
 // STAGES > 0: the cp.async ring of pool_item, STAGES * kBatch * 512 bytes of dynamic shared memory
 // per warp.
-template <class T, int LANES, bool VEC, int MINB, int STAGES = 0>
+template <class T, int LANES, bool VEC, int MINB, int STAGES = 0, bool F8 = true>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
   extern __shared__ uint4 pool_ring[];
@@ -542,6 +547,7 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     return static_cast<std::int64_t>(__shfl_sync(0xffffffffu, t, 0));
   };
   const std::int64_t w0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  bool wait = a.waits;  // pdl_wait() before the first shift this warp reads
   for (std::int64_t w = a.ticket == nullptr ? w0 : next(0); w < total; w = next(w)) {
     // Item w: its segment and (sequence, head, block).
     const bool first = w < a.seg[0].count;
@@ -551,9 +557,10 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     std::int64_t h, b, si;
     decode_item(sg, i, a.small, si, h, b);
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, VEC, true, STAGES>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, VEC, true, STAGES, F8>(a.g, sg, si, h, b, ring, wait);
+      wait = false;
     } else {
-      pool_item<T, LANES, VEC, false, STAGES>(a.g, sg, si, h, b, ring);
+      pool_item<T, LANES, VEC, false, STAGES, F8>(a.g, sg, si, h, b, ring, false);
     }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
@@ -716,6 +723,8 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st, bool pdl = false
   // Both segments read vector rows or the strided kernel runs (it is correct for any input).
   const bool vec = a.seg[0].x.vec && (a.seg[1].count == 0 || a.seg[1].x.vec);
   cudaError_t launched = cudaSuccess;
+  const bool fp8_out = a.seg[0].f8 != nullptr || (a.seg[1].count > 0 && a.seg[1].f8 != nullptr);
+  a.waits = pdl;
   const PoolVariant variant = pool_variant();
   const auto go = [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
@@ -740,7 +749,8 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st, bool pdl = false
       };
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, 2>);
-      } else if (variant == PoolVariant::kBase3 || !go_ring(pass_kernel<T, L, true, 2, kStages>)) {
+      } else if (variant == PoolVariant::kBase3 ||
+                 !(fp8_out ? go_ring(pass_kernel<T, L, true, 2, kStages>) : go_ring(pass_kernel<T, L, true, 2, kStages, false>))) {
         go_kernel(pass_kernel<T, L, true, 3>);
       }
     };
