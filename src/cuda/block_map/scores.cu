@@ -110,7 +110,7 @@ constexpr std::size_t kStageSmem = sizeof(float) * kStages * (BM + kBig) * kStag
 // CTAs of 8 warps, one per SM (12.5% of the warps active), each alone to hide its shared-memory
 // and barrier latencies. (BM = 128 states no CTA count, 0: an explicit 1 changes ptxas's choices,
 // 162 registers instead of 220, and the H200 timed the 220-register code.)
-template <int BM>
+template <int BM, bool UNROLL = false>
 __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kernel(Geometry g, float scale, Scratch s) {
   static_assert(BM == 64 || BM == 128, "tile rows");
   constexpr int kRows = BM / 16;  // rows per thread
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
       const float* as = tile(c % kStages, 0);
       const float* bs = tile(c % kStages, 1);
       const int width = d - c * kStageCols < kStageCols ? d - c * kStageCols : kStageCols;  // multiple of 8
-      for (int k = 0; k < width; k += 4) {
+      const auto step4 = [&](int k) {  // head-dim columns k .. k + 3
         float4 b[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + 16 * j) * kStagePitch + k);
@@ -193,6 +193,14 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
             acc[i][j] = fmaf(a4.w, b[j].w, v);
           }
         }
+      };
+      if (UNROLL && width == kStageCols) {
+        // A whole chunk: a constant trip count, unrolled, so the shared-memory reads of the next
+        // columns can be issued during the FMAs of these (the same FMAs in the same order).
+#pragma unroll
+        for (int k = 0; k < kStageCols; k += 4) step4(k);
+      } else {
+        for (int k = 0; k < width; k += 4) step4(k);
       }
       __syncthreads();  // buffer c % kStages is read by everyone before chunk c + kStages overwrites it
       if (c + kStages < chunks) issue(c + kStages);
@@ -211,15 +219,24 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
   }
 }
 
-template <int BM>
+// SPARGE_BLOCKMAP_SCORES=unroll (read per call; same bits; session 8, opt-in): the 128 x 128 kernel
+// with whole chunks' head-dim loop unrolled (ncu, session 8: the default kernel issues in 60% of the
+// cycles with 2 warps per scheduler, its stalls on FFMAs waiting for the shared-memory reads).
+bool unrolled() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
+  return v != nullptr && std::strcmp(v, "unroll") == 0;
+}
+
+template <int BM, bool UNROLL = false>
 cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + BM - 1) / BM) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(scores_stage_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kStageSmem<BM>));
+  const auto kernel = scores_stage_kernel<BM, UNROLL>;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStageSmem<BM>));
   if (e != cudaSuccess) return e;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_maybe_pdl(scores_stage_kernel<BM>, grid, kThreads, kStageSmem<BM>, st, pdl_enabled(), g, scale, s);
+  return launch_maybe_pdl(kernel, grid, kThreads, kStageSmem<BM>, st, pdl_enabled(), g, scale, s);
 }
 
 // SPARGE_BLOCKMAP_SCORES=half (read per call; same bits): the staged kernel with 64 x 128 tiles.
@@ -258,6 +275,7 @@ const char* scores_variant(const Geometry& g) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
   const bool pdl = pdl_enabled();
   if (m >= 128 && half_tiles()) return pdl ? "stage64x128+pdl" : "stage64x128";
+  if (m >= 128 && unrolled()) return pdl ? "stage128u+pdl" : "stage128u";
   if (m >= 128) return pdl ? "stage128+pdl" : "stage128";
   if (m >= 64) return pdl ? "tile64+pdl" : "tile64";
   if (m >= 32) return pdl ? "tile32+pdl" : "tile32";
@@ -266,7 +284,10 @@ const char* scores_variant(const Geometry& g) {
 
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
-  if (m >= 128) return half_tiles() ? launch_stage<64>(g, scale, s, st) : launch_stage<128>(g, scale, s, st);
+  if (m >= 128) {
+    if (half_tiles()) return launch_stage<64>(g, scale, s, st);
+    return unrolled() ? launch_stage<128, true>(g, scale, s, st) : launch_stage<128>(g, scale, s, st);
+  }
   if (m >= 64) return launch<64>(g, scale, s, st);
   if (m >= 32) return launch<32>(g, scale, s, st);
   return launch<16>(g, scale, s, st);
