@@ -601,8 +601,8 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {"fold", o, o, "1", "0", "bits"}, {o, "1", o, o, o, o, "1"},        {"fold", o, "base3", o, o, o, "1"},
       {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, o, o, o, "half"},  {o, o, o, o, "0", "bits", o, "half"},
       {o, o, o, o, "2", o},             {"fold", "1", o, o, "2", o, "1"}, {o, o, "base3", o, "2", "bits"},
-      {"fold", o, o, "1", "2", o, o, "half"}, {o, o, o, o, o, o, o, "unroll"},
-      {o, o, "base3", o, "2", o, o, "unroll"}};
+      {"fold", o, o, "1", "2", o, o, "half"}, {o, o, o, o, o, o, o, "wide"},
+      {o, o, "base3", o, "2", o, o, "wide"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };

@@ -110,10 +110,17 @@ constexpr std::size_t kStageSmem = sizeof(float) * kStages * (BM + kBig) * kStag
 // CTAs of 8 warps, one per SM (12.5% of the warps active), each alone to hide its shared-memory
 // and barrier latencies. (BM = 128 states no CTA count, 0: an explicit 1 changes ptxas's choices,
 // 162 registers instead of 220, and the H200 timed the 220-register code.)
-template <int BM, bool UNROLL = false>
-__global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kernel(Geometry g, float scale, Scratch s) {
+// NT = 512 (SPARGE_BLOCKMAP_SCORES=wide; session 8, opt-in): 16 warps, 4 per scheduler, each thread
+// 8 rows x 4 columns (columns tx + 32 j), for the latencies that 2 warps per scheduler leave exposed
+// (ncu, session 8: the 256-thread kernel issues in 60% of the cycles, its FFMAs waiting on shared
+// memory). Every score is the same fmaf chain either way.
+template <int BM, int NT = kThreads>
+__global__ void __launch_bounds__(NT, BM == 64 ? 2 : 0) scores_stage_kernel(Geometry g, float scale, Scratch s) {
   static_assert(BM == 64 || BM == 128, "tile rows");
+  static_assert(NT == 256 || NT == 512, "threads");
   constexpr int kRows = BM / 16;  // rows per thread
+  constexpr int kTx = NT / 16;    // threads across the tile's columns
+  constexpr int kCols = kBig / kTx;  // columns per thread
   pdl_wait();  // the pooled rows of the launches before (a no-op without PDL)
   pdl_launch_dependents();
   extern __shared__ __align__(16) float stage_smem[];
@@ -122,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
     return stage_smem + buf * (BM + kBig) * kStagePitch + (op == 0 ? 0 : BM * kStagePitch);
   };
   const int tid = static_cast<int>(threadIdx.x);
-  const int tx = tid % 16, ty = tid / 16;
+  const int tx = tid % kTx, ty = tid / kTx;
   const std::int64_t tiles_q = (g.nq + BM - 1) / BM, tiles_k = (g.nk + kBig - 1) / kBig;
   const std::int64_t total = g.nseq * g.hq * tiles_q * tiles_k;
   const std::int64_t group = g.hq / g.hk;
@@ -147,15 +154,15 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
       float* db = tile(c % kStages, 1);
       constexpr int kPerRow = kStageCols / 4;
 #pragma unroll
-      for (int u = 0; u < BM * kPerRow / kThreads; ++u) {
-        const int p = tid + u * kThreads;
+      for (int u = 0; u < BM * kPerRow / NT; ++u) {
+        const int p = tid + u * NT;
         const int r = p / kPerRow, col = (p % kPerRow) * 4;
         const bool a_ok = c0 + col < d && qb0 + r < g.nq;
         cp_async16(da + r * kStagePitch + col, a_ok ? pa + r * g.d + c0 + col : s.pq, a_ok);
       }
 #pragma unroll
-      for (int u = 0; u < kBig * kPerRow / kThreads; ++u) {
-        const int p = tid + u * kThreads;
+      for (int u = 0; u < kBig * kPerRow / NT; ++u) {
+        const int p = tid + u * NT;
         const int r = p / kPerRow, col = (p % kPerRow) * 4;
         const bool b_ok = c0 + col < d && kb0 + r < g.nk;
         cp_async16(db + r * kStagePitch + col, b_ok ? pb + r * g.d + c0 + col : s.pk, b_ok);
@@ -165,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
     // Every thread has passed the previous tile's last reads of both buffers (its last barrier).
     issue(0);
     if (chunks > 1) issue(1);
-    float acc[kRows][8] = {};
+    float acc[kRows][kCols] = {};
     for (int c = 0; c < chunks; ++c) {
       // Chunk c is the older of at most two committed groups (c + 1 issued when it exists).
       if (c + 1 < chunks) {
@@ -177,15 +184,15 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
       const float* as = tile(c % kStages, 0);
       const float* bs = tile(c % kStages, 1);
       const int width = d - c * kStageCols < kStageCols ? d - c * kStageCols : kStageCols;  // multiple of 8
-      const auto step4 = [&](int k) {  // head-dim columns k .. k + 3
-        float4 b[8];
+      for (int k = 0; k < width; k += 4) {
+        float4 b[kCols];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + 16 * j) * kStagePitch + k);
+        for (int j = 0; j < kCols; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + kTx * j) * kStagePitch + k);
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
           const float4 a4 = *reinterpret_cast<const float4*>(as + (ty + 16 * i) * kStagePitch + k);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < kCols; ++j) {
             float v = acc[i][j];
             v = fmaf(a4.x, b[j].x, v);
             v = fmaf(a4.y, b[j].y, v);
@@ -193,14 +200,6 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
             acc[i][j] = fmaf(a4.w, b[j].w, v);
           }
         }
-      };
-      if (UNROLL && width == kStageCols) {
-        // A whole chunk: a constant trip count, unrolled, so the shared-memory reads of the next
-        // columns can be issued during the FMAs of these (the same FMAs in the same order).
-#pragma unroll
-        for (int k = 0; k < kStageCols; k += 4) step4(k);
-      } else {
-        for (int k = 0; k < width; k += 4) step4(k);
       }
       __syncthreads();  // buffer c % kStages is read by everyone before chunk c + kStages overwrites it
       if (c + kStages < chunks) issue(c + kStages);
@@ -211,32 +210,31 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 0) scores_stage_kerne
       const std::int64_t qb = qb0 + ty + 16 * i;
       if (qb >= g.nq) continue;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const std::int64_t kb = kb0 + tx + 16 * j;
+      for (int j = 0; j < kCols; ++j) {
+        const std::int64_t kb = kb0 + tx + kTx * j;
         if (kb < g.nk) out[qb * g.nk + kb] = acc[i][j] * scale;
       }
     }
   }
 }
 
-// SPARGE_BLOCKMAP_SCORES=unroll (read per call; same bits; session 8, opt-in): the 128 x 128 kernel
-// with whole chunks' head-dim loop unrolled (ncu, session 8: the default kernel issues in 60% of the
-// cycles with 2 warps per scheduler, its stalls on FFMAs waiting for the shared-memory reads).
-bool unrolled() {
+// SPARGE_BLOCKMAP_SCORES=wide (read per call; same bits; session 8, opt-in): the 128 x 128 tiles
+// with 512 threads (scores_stage_kernel's NT).
+bool wide_tiles() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
-  return v != nullptr && std::strcmp(v, "unroll") == 0;
+  return v != nullptr && std::strcmp(v, "wide") == 0;
 }
 
-template <int BM, bool UNROLL = false>
+template <int BM, int NT = kThreads>
 cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + BM - 1) / BM) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
-  const auto kernel = scores_stage_kernel<BM, UNROLL>;
+  const auto kernel = scores_stage_kernel<BM, NT>;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStageSmem<BM>));
   if (e != cudaSuccess) return e;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_maybe_pdl(kernel, grid, kThreads, kStageSmem<BM>, st, pdl_enabled(), g, scale, s);
+  return launch_maybe_pdl(kernel, grid, NT, kStageSmem<BM>, st, pdl_enabled(), g, scale, s);
 }
 
 // SPARGE_BLOCKMAP_SCORES=half (read per call; same bits): the staged kernel with 64 x 128 tiles.
@@ -275,7 +273,7 @@ const char* scores_variant(const Geometry& g) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
   const bool pdl = pdl_enabled();
   if (m >= 128 && half_tiles()) return pdl ? "stage64x128+pdl" : "stage64x128";
-  if (m >= 128 && unrolled()) return pdl ? "stage128u+pdl" : "stage128u";
+  if (m >= 128 && wide_tiles()) return pdl ? "stage128w+pdl" : "stage128w";
   if (m >= 128) return pdl ? "stage128+pdl" : "stage128";
   if (m >= 64) return pdl ? "tile64+pdl" : "tile64";
   if (m >= 32) return pdl ? "tile32+pdl" : "tile32";
@@ -286,7 +284,7 @@ cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cuda
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
   if (m >= 128) {
     if (half_tiles()) return launch_stage<64>(g, scale, s, st);
-    return unrolled() ? launch_stage<128, true>(g, scale, s, st) : launch_stage<128>(g, scale, s, st);
+    return wide_tiles() ? launch_stage<128, 512>(g, scale, s, st) : launch_stage<128>(g, scale, s, st);
   }
   if (m >= 64) return launch<64>(g, scale, s, st);
   if (m >= 32) return launch<32>(g, scale, s, st);
