@@ -87,9 +87,8 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(Geometry g, float scal
   }
 }
 
-// The BM x 128 tile (NQ and NK >= 128; BM = 128 is the default there since 2026-11-30, session 5:
-// 0.0238 ms against 0.0302 for the register-staged tile it replaced, bits equal on all 290
-// block-map cases; BM = 64 with SPARGE_BLOCKMAP_SCORES=half, below).
+// The 128 x 128 tile (NQ and NK >= 128; the default there since 2026-11-30, session 5: 0.0238 ms
+// against 0.0302 for the register-staged tile it replaced, bits equal on all 290 block-map cases).
 // The rows of A (pq) and B (pk) come in head-dim chunks of kStageCols columns through cp.async,
 // kStages chunks in flight (all of them at D <= 64; at D = 128 the next one while one is
 // multiplied), each thread issuing 16-byte copies into [row][column] arrays whose pitch
@@ -101,23 +100,19 @@ constexpr int kBig = 128;
 constexpr int kStageCols = 32;
 constexpr int kStagePitch = kStageCols + 4;
 constexpr int kStages = 2;
-// 73,728 bytes at BM = 128, 55,296 at BM = 64.
-template <int BM>
-constexpr std::size_t kStageSmem = sizeof(float) * kStages * (BM + kBig) * kStagePitch;
+constexpr int BM = 128;  // tile rows
+constexpr std::size_t kStageSmem = sizeof(float) * kStages * (BM + kBig) * kStagePitch;  // 73,728 bytes
 
-// BM = 64 (SPARGE_BLOCKMAP_SCORES=half; session 5, opt-in, not yet run on a GPU): twice the CTAs,
-// registers capped for 2 CTAs (16 warps) per SM. At the issue's shape the 128 x 128 grid is 128
-// CTAs of 8 warps, one per SM (12.5% of the warps active), each alone to hide its shared-memory
-// and barrier latencies. (BM = 128 states no CTA count, 0: an explicit 1 changes ptxas's choices,
-// 162 registers instead of 220, and the H200 timed the 220-register code.)
-// NT = 512 (SPARGE_BLOCKMAP_SCORES=wide; session 8, opt-in): 16 warps, 4 per scheduler, each thread
-// 8 rows x 4 columns (columns tx + 32 j), for the latencies that 2 warps per scheduler leave exposed
-// (ncu, session 8: the 256-thread kernel issues in 60% of the cycles, its FFMAs waiting on shared
-// memory). Every score is the same fmaf chain either way.
-template <int BM, int NT = kThreads>
-__global__ void __launch_bounds__(NT, BM == 64 ? 2 : 0) scores_stage_kernel(Geometry g, float scale, Scratch s) {
-  static_assert(BM == 64 || BM == 128, "tile rows");
-  static_assert(NT == 256 || NT == 512, "threads");
+// At the issue's shape the grid is 128 CTAs of 8 warps, one per SM (12.5% of the warps active). The
+// launch bounds state no CTA count: an explicit 1 changes ptxas's choices, 162 registers instead of
+// 220, and the H200 timed the 220-register code. Tried, same bits, and deleted: 64 x 128 tiles with 2
+// CTAs per SM (SPARGE_BLOCKMAP_SCORES=half, session 5; session 8: the scores stage 0.0236 against
+// 0.0244 ms in one profile, bench totals no better), and in session 8 (ncu: this kernel issues in
+// 60% of its cycles with 2 warps per scheduler, its FFMAs waiting on shared-memory reads) the head-dim
+// loop of whole chunks unrolled (bench no better) and 512 threads with 8 x 4 per thread (124
+// registers, 4 warps per scheduler; the scores stage 0.0246 against 0.0233 ms).
+__global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, float scale, Scratch s) {
+  constexpr int NT = kThreads;
   constexpr int kRows = BM / 16;  // rows per thread
   constexpr int kTx = NT / 16;    // threads across the tile's columns
   constexpr int kCols = kBig / kTx;  // columns per thread
@@ -218,30 +213,16 @@ __global__ void __launch_bounds__(NT, BM == 64 ? 2 : 0) scores_stage_kernel(Geom
   }
 }
 
-// SPARGE_BLOCKMAP_SCORES=wide (read per call; same bits; session 8, opt-in): the 128 x 128 tiles
-// with 512 threads (scores_stage_kernel's NT).
-bool wide_tiles() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
-  return v != nullptr && std::strcmp(v, "wide") == 0;
-}
-
-template <int BM, int NT = kThreads>
 cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + BM - 1) / BM) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
-  const auto kernel = scores_stage_kernel<BM, NT>;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStageSmem<BM>));
+  const cudaError_t e = cudaFuncSetAttribute(scores_stage_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kStageSmem));
   if (e != cudaSuccess) return e;
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_maybe_pdl(kernel, grid, NT, kStageSmem<BM>, st, pdl_enabled(), g, scale, s);
+  return launch_maybe_pdl(scores_stage_kernel, grid, kThreads, kStageSmem, st, pdl_enabled(), g, scale, s);
 }
 
-// SPARGE_BLOCKMAP_SCORES=half (read per call; same bits): the staged kernel with 64 x 128 tiles.
-bool half_tiles() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
-  return v != nullptr && std::strcmp(v, "half") == 0;
-}
 
 template <int TILE>
 cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
@@ -272,8 +253,6 @@ bool pdl_enabled() {
 const char* scores_variant(const Geometry& g) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
   const bool pdl = pdl_enabled();
-  if (m >= 128 && half_tiles()) return pdl ? "stage64x128+pdl" : "stage64x128";
-  if (m >= 128 && wide_tiles()) return pdl ? "stage128w+pdl" : "stage128w";
   if (m >= 128) return pdl ? "stage128+pdl" : "stage128";
   if (m >= 64) return pdl ? "tile64+pdl" : "tile64";
   if (m >= 32) return pdl ? "tile32+pdl" : "tile32";
@@ -282,10 +261,7 @@ const char* scores_variant(const Geometry& g) {
 
 cudaError_t launch_scores(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
-  if (m >= 128) {
-    if (half_tiles()) return launch_stage<64>(g, scale, s, st);
-    return wide_tiles() ? launch_stage<128, 512>(g, scale, s, st) : launch_stage<128>(g, scale, s, st);
-  }
+  if (m >= 128) return launch_stage(g, scale, s, st);
   if (m >= 64) return launch<64>(g, scale, s, st);
   if (m >= 32) return launch<32>(g, scale, s, st);
   return launch<16>(g, scale, s, st);
