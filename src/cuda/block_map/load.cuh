@@ -26,26 +26,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) 
   const int n = ok ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
 }
-// The same with an L2 eviction priority (a createpolicy value, l2_policy).
-__device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, bool ok, std::uint64_t policy) {
-  const auto d = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
-  const int n = ok ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d), "l"(src), "r"(n),
-               "l"(policy)
-               : "memory");
-}
-// L2 eviction priorities for cp_async16_hint: 1 evict_first, 2 evict_last (else normal).
-__device__ __forceinline__ std::uint64_t l2_policy(int kind) {
-  std::uint64_t p = 0;
-  if (kind == 1) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  } else if (kind == 2) {
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
-  }
-  return p;
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are pending.
 template <int N>

@@ -74,9 +74,6 @@ struct Segment {
   bool is_k = false;              // rows of k (k_begin / k_len) or of q
   bool pool = false;              // pooled mean + similarity; false: plain row sums (K mean chunks)
   bool reverse = false;           // walk the items last to first
-  // The L2 eviction priority of the ring kernel's loads (SPARGE_BLOCKMAP_L2=1): 0 none given,
-  // 1 evict_first, 2 evict_last.
-  int l2 = 0;
   std::int64_t heads = 0, nblk = 0, count = 0;
   int blk = 0;                    // rows per item
   const float* shift = nullptr;   // [nseq, heads, D] subtracted from every row (smooth_k), or null
@@ -361,7 +358,6 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
     if constexpr (STAGES > 0) {
       static_assert(VEC, "the cp.async ring takes 16-byte rows");
-      const std::uint64_t policy = sg.l2 != 0 ? l2_policy(sg.l2) : 0;
       const int nb = (n + kRowsPerBatch - 1) / kRowsPerBatch;  // batches of the item
       // Batch t into ring stage t % STAGES; past the last batch an empty group, so that every
       // iteration below waits for the same count.
@@ -372,11 +368,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
           for (int u = 0; u < kBatch; ++u) {
             const int r = t * kRowsPerBatch + u * kRowsPerStep + grp;
             const bool ok = col_ok && r < n;
-            if (sg.l2 == 0) {  // warp-uniform
-              cp_async16(slot + u * 32, ok ? row0 + r * rstep + sub * 8 : row0, ok);
-            } else {
-              cp_async16_hint(slot + u * 32, ok ? row0 + r * rstep + sub * 8 : row0, ok, policy);
-            }
+            cp_async16(slot + u * 32, ok ? row0 + r * rstep + sub * 8 : row0, ok);
           }
         }
         cp_async_commit();
@@ -713,16 +705,6 @@ bool ticket_on() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
-// SPARGE_BLOCKMAP_L2=1 (read per call; same bits; session 8, opt-in): the ring kernel's loads carry L2
-// eviction priorities so that pass 2 finds more of K in L2: pass 1 reads Q evict_first and the K
-// chunks evict_last, pass 2 reads K evict_first (it starts on the K rows pass 1 read last). H200
-// (session 8): pass 2 ran at pass 1's DRAM rate (0.075 ms for 268 MB), so the ~50 MB that pass 1
-// leaves in L2 did not show.
-bool l2_hints() {
-  const char* v = std::getenv("SPARGE_BLOCKMAP_L2");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
-
 // SPARGE_BLOCKMAP_PDL=2 (read per call; same bits; sm_90+): the pooling launches form a PDL chain
 // too (PassArgs::trigger, launch_k_mean's pdl): pass 1 and the K mean allow their dependents at
 // their top, the K mean and pass 2 are launched with PDL, and pass 2 issues its first K loads
@@ -898,10 +880,6 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     return e;
   }
   p1.seg[1] = k_sums_segment(g, k, s);
-  if (l2_hints()) {
-    p1.seg[0].l2 = 1;
-    p1.seg[1].l2 = 2;
-  }
   // The fold needs the counters and at least one chunk per unit (Sk = 0: the launch writes zeros).
   const bool fold = s.k_done != nullptr && s.nchunks > 0 && kmean_folded();
   cudaError_t e = cudaSuccess;
@@ -924,7 +902,6 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
   p2.g = g;
   p2.seg[0] = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
-  if (l2_hints()) p2.seg[0].l2 = 1;
   e = launch_pass(bf16, p2, st, chain);
   marks("pool K");
   return e;
