@@ -210,13 +210,22 @@ int run_bench(const BenchConfig& cfg) {
   // The device's copy rate in this run (CUDA): Q and K copied once each, device to device, i.e. the
   // time to read them once and write as much. Issue #3's bound for the block map: at most 2x one
   // read of Q and K at the copy bandwidth (read + write), which is this copy's time.
-  Timing t_copy{};
+  // And a plain streaming read of Q and K (read_probe): the rate the block map's passes could read
+  // at. The block map reads Q once and K twice with smooth_k.
+  Timing t_copy{}, t_read{};
   if (be == Backend::cuda) {
     DeviceBuffer cq(be, q.bytes(), "copy of q"), ck(be, k.bytes(), "copy of k");
     t_copy = time_runs(timer, cfg, "device copy", [&]() -> Status {
       const Status a = cq.copy_from(dq, q.bytes(), stream);
       return a.ok() ? ck.copy_from(dk, k.bytes(), stream) : a;
     });
+    if (q.bytes() % 16 == 0 && k.bytes() % 16 == 0) {
+      DeviceBuffer sink(be, 16, "read sink");
+      t_read = time_runs(timer, cfg, "device read", [&]() -> Status {
+        const Status a = dq.read_once(q.bytes(), sink, stream);
+        return a.ok() ? dk.read_once(k.bytes(), sink, stream) : a;
+      });
+    }
   }
 
   const auto pairs = pair_table(g);
@@ -249,6 +258,15 @@ int run_bench(const BenchConfig& cfg) {
     std::printf("block map / device copy of Q and K = %.3f (at most 2x one read of Q and K at the copy bandwidth "
                 "means <= 1)\n",
                 t_map.median / t_copy.median);
+  }
+  if (t_read.median > 0) {
+    const double q_bytes = static_cast<double>(q.bytes()), k_bytes = static_cast<double>(k.bytes());
+    const double rate = (q_bytes + k_bytes) / (t_read.median * 1e-3);
+    std::snprintf(note, sizeof note, "Q and K read once by a plain streaming kernel: %.2f TB/s", rate / 1e12);
+    print_row("device read", t_read, 0, note);
+    const double floor_ms = (q_bytes + (cfg.smooth_k ? 2.0 : 1.0) * k_bytes) / rate * 1e3;
+    std::printf("block map / its reads at that rate (Q once, K %s) = %.3f (%.3f ms)\n", cfg.smooth_k ? "twice" : "once",
+                t_map.median / floor_ms, floor_ms);
   }
   std::printf("speedup over dense: attention %.2fx, total (block map included) %.2fx\n",
               t_attn.median > 0 ? t_dense.median / t_attn.median : 0.0, total_ms > 0 ? t_dense.median / total_ms : 0.0);

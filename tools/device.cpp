@@ -8,6 +8,8 @@
 
 #if SPARGE_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/read_probe.h"
 #endif
 
 namespace sparge::tool {
@@ -132,6 +134,22 @@ Status DeviceBuffer::copy_from(const DeviceBuffer& src, std::size_t bytes, const
 #else
   (void)stream;
   no_cuda("copy to " + what_);
+#endif
+}
+
+Status DeviceBuffer::read_once(std::size_t bytes, DeviceBuffer& sink, const Stream& stream) const {
+  if (bytes > bytes_ || bytes % 16 != 0 || sink.bytes_ < 4 || sink.backend_ != backend_ || backend_ != Backend::cuda) {
+    return {StatusCode::invalid_argument, "read of " + std::to_string(bytes) + " bytes of " + what_ +
+                                              ": needs a CUDA buffer, a multiple of 16 bytes and a 4-byte sink"};
+  }
+#if SPARGE_WITH_CUDA
+  const cudaError_t err = sparge::cuda::read_probe(ptr_, bytes, static_cast<unsigned*>(sink.ptr_),
+                                                   static_cast<cudaStream_t>(stream.handle()));
+  if (err != cudaSuccess) return {StatusCode::runtime_error, std::string("read probe: ") + cudaGetErrorString(err)};
+  return Status::ok_status();
+#else
+  (void)stream;
+  no_cuda("read of " + what_);
 #endif
 }
 

@@ -37,6 +37,9 @@ class DeviceBuffer {
   // Copies the first `bytes` of `src` (same backend) into this buffer, queued on `stream` (CUDA:
   // device to device, asynchronous; CPU: memcpy). The bench times it as the device's copy rate.
   Status copy_from(const DeviceBuffer& src, std::size_t bytes, const Stream& stream);
+  // Reads the first `bytes` (a multiple of 16) once with a plain streaming kernel, queued on `stream`
+  // (CUDA only; `sink` holds at least 4 bytes). The bench times it as the device's read rate.
+  Status read_once(std::size_t bytes, DeviceBuffer& sink, const Stream& stream) const;
 
  private:
   Backend backend_ = Backend::cpu;
