@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/attention/sm90/tensor_map.h"
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/cuda_backend.h"
 #include "cuda/scratch_pool.h"
@@ -180,6 +181,16 @@ class StageTimer {
   std::vector<std::pair<const char*, cudaEvent_t>> marks_;
 };
 
+// The compute capability major of the current device (0 if the query fails).
+int device_major() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return major;
+}
+
 }  // namespace
 
 Status supported(const BlockMapParams& p) {
@@ -275,9 +286,18 @@ Status build_block_map(const BlockMapParams& p) {
 
   StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
+  // SPARGE_BLOCKMAP_POOL=tma: the pooling ring loads by TMA where it can (sm_90+, power-of-two head
+  // dims, 16-byte rows, maps the driver accepts); elsewhere the cp.async ring runs (same bits).
+  TmaMaps maps;
+  const TmaMaps* tma = nullptr;
+  if (pool_tma_asked() && pool_tma_rows(g.d) > 0 && q.vec && k.vec && device_major() >= 9 &&
+      sparge::cuda::attn::sm90::encode_rows_map(&maps.q, p.q, pool_tma_rows(g.d)) &&
+      sparge::cuda::attn::sm90::encode_rows_map(&maps.k, p.k, pool_tma_rows(g.d))) {
+    tma = &maps;
+  }
   phase = "the pooling (K mean, Q and K blocks)";
   if ((e = launch_pooling(g, q, k, bf16, p.smooth_k, s, out_of<float>(p.maybe_q_sim), out_of<float>(p.maybe_k_sim),
-                          stream, timer.marks(), fp8)) != cudaSuccess) {
+                          stream, timer.marks(), fp8, tma)) != cudaSuccess) {
     return fail(e);
   }
   const float scale = p.scale == 0.0f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))) : p.scale;

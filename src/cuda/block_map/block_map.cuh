@@ -7,6 +7,7 @@
 // 65535 (and any count fits) without relying on gridDim.y / z.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (a type only: the maps are encoded through the runtime's driver entry point)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -113,9 +114,19 @@ struct Fp8Out {
 // folded into the first, after a memset of s.k_done) or three (pool.cu).
 // With fp8.q8 set, pass 1's Q items also write the fp8 recipe's Q, and the K pooling items (pass
 // 2, or pass 1 without smooth) its K (the K mean is s.k_mean: the caller points it at its output).
+// The TMA maps of q and k for SPARGE_BLOCKMAP_POOL=tma (boxes of whole rows, pool_tma_rows(d) rows),
+// encoded by the host entry when the variant is asked for and the device and layout allow it.
+struct TmaMaps {
+  CUtensorMap q, k;
+};
+// Rows per TMA box of the pooling ring at head dim d: one batch of the ring (kBatch steps of 32 / LANES
+// rows), for power-of-two d from 8 to 256; 0 where the TMA ring does not apply.
+int pool_tma_rows(std::int64_t d);
+// Whether the opt-in TMA pooling ring is asked for (SPARGE_BLOCKMAP_POOL=tma).
+bool pool_tma_asked();
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
-                           const Marks& marks = {}, const Fp8Out& fp8 = {});
+                           const Marks& marks = {}, const Fp8Out& fp8 = {}, const TmaMaps* tma = nullptr);
 // The steps of launch_pooling one at a time (same items, same arithmetic, so the same bits), for
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into

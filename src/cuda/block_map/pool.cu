@@ -30,6 +30,7 @@
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/block_map/load.cuh"
 #include "cuda/block_map/pdl.cuh"
+#include "cuda/attention/sm90/pipeline.cuh"
 #include "quant/quant_rule.h"
 
 namespace sparge::cuda::block_map {
@@ -107,6 +108,10 @@ struct PassArgs {
   // warp that finishes early takes the next one (the grid is the resident CTAs). Null: warp w takes
   // items w, w + grid warps, ...
   unsigned long long* ticket = nullptr;
+  // SPARGE_BLOCKMAP_POOL=tma: the ring kernel loads by TMA, through the map of each segment's tensor
+  // (boxes of one ring batch of rows; launch_pooling sets both, for power-of-two head dims only).
+  bool use_tma = false;
+  CUtensorMap tmap[2];
 };
 
 // The rows of pooling item (si, h, b) of segment sg: row r (< n) starts at row0 + r * x.stride[1].
@@ -124,6 +129,14 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
           static_cast<int>(clamp64(len - b * sg.blk, 0, sg.blk))};
 }
 
+// The TMA ring of a warp (pass_kernel's TMA): the segment's map, the warp's STAGES "full" barriers
+// and how many batches the warp has loaded so far (the barriers' phases run on across items).
+struct TmaRing {
+  const CUtensorMap* map;
+  std::uint64_t* bars;
+  std::uint32_t count;
+};
+
 // VEC: 16-byte loads (every Rows::vec); else 8 strided 2-byte loads per lane (any strides).
 // SHIFT: sg.shift is set (the K rows of pass 2: the unit's K mean is subtracted from every row);
 // without it the subtraction of zeros is left out (x - 0 is x, -0 included: the same bits).
@@ -138,9 +151,15 @@ __device__ __forceinline__ ItemRows item_rows(const Geometry& g, const Segment& 
 // consume, row by row.
 // F8: the kernel may be asked for the fp8 recipe's outputs (sg.f8); false leaves their code out (the
 // ring kernel runs without it when no segment has them).
-template <class T, int LANES, bool VEC, bool SHIFT, int STAGES, bool F8 = true>
+// TMA (SPARGE_BLOCKMAP_POOL=tma, opt-in, sm_90; STAGES > 0 and D = 8 * LANES): a batch of the ring is
+// one TMA box of the batch's rows (lane 0 issues it on the stage's barrier, every lane waits for the
+// barrier's phase), which lands in the same slot order as the lanes' own copies: row r, columns
+// 8 sub .. 8 sub + 7 at slot (r % (32 / LANES)) * LANES + sub of step r / (32 / LANES). Rows past the
+// item are loaded too (the next item's rows, or zeros past the tensor) and masked as rows past the
+// item always are (full batches only where every row is inside the item).
+template <class T, int LANES, bool VEC, bool SHIFT, int STAGES, bool F8 = true, bool TMA = false>
 __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, std::int64_t si, std::int64_t h,
-                                          std::int64_t b, uint4* ring, bool wait) {
+                                          std::int64_t b, uint4* ring, bool wait, TmaRing* tma = nullptr) {
   constexpr int kRowsPerStep = 32 / LANES;
   constexpr int kRowsPerBatch = kBatch * kRowsPerStep;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -356,7 +375,42 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
       }
     };
     // Warp-uniform loop: row r = s0 + u * kRowsPerStep + grp.
-    if constexpr (STAGES > 0) {
+    if constexpr (STAGES > 0 && TMA) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      namespace tm = ::sparge::cuda::attn::sm90;
+      const int nb = (n + kRowsPerBatch - 1) / kRowsPerBatch;
+      const Seq seq = sequence(g, si);
+      const auto row_begin = static_cast<int>((sg.is_k ? seq.k_begin : seq.q_begin) + b * sg.blk);
+      const auto batch = static_cast<int>(seq.batch);
+      const std::uint32_t base = tma->count;
+      const auto issue = [&](int t) {
+        if (t < nb && lane == 0) {
+          const std::uint32_t st = (base + t) % STAGES;
+          tm::barrier_expect_bytes(tma->bars + st, kBatch * 32 * sizeof(uint4));
+          tm::tma_load_4d(ring + st * (kBatch * 32), tma->map, 0, row_begin + t * kRowsPerBatch, static_cast<int>(h),
+                          batch, tma->bars + st);
+        }
+      };
+#pragma unroll
+      for (int t = 0; t < STAGES - 1; ++t) issue(t);
+      load_shift();
+      for (int t = 0; t < nb; ++t) {
+        __syncwarp();  // every lane has read batch t - 1's stage, which issue(t + STAGES - 1) refills
+        issue(t + STAGES - 1);
+        const std::uint32_t gt = base + t;
+        tm::barrier_wait(tma->bars + gt % STAGES, (gt / STAGES) & 1u);
+        uint4 cur[kBatch];
+        const uint4* slot = ring + (gt % STAGES) * (kBatch * 32) + lane;
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) cur[u] = slot[u * 32];
+        consume_any(cur, t * kRowsPerBatch);
+      }
+      __syncwarp();  // the last stage is read before the next item's first issue
+      tma->count = base + static_cast<std::uint32_t>(nb);
+#else
+      __trap();  // launched on sm_90 only
+#endif
+    } else if constexpr (STAGES > 0) {
       static_assert(VEC, "the cp.async ring takes 16-byte rows");
       const int nb = (n + kRowsPerBatch - 1) / kRowsPerBatch;  // batches of the item
       // Batch t into ring stage t % STAGES; past the last batch an empty group, so that every
@@ -531,9 +585,10 @@ __device__ __noinline__ void warp_k_mean(const Geometry& g, const float* k_part,
 // The pass: a 1-D grid-stride loop (or ticket loop) over the items of one or two segments.
 // STAGES > 0: the cp.async ring of pool_item, STAGES * kBatch * 512 bytes of dynamic shared memory
 // per warp.
-template <class T, int LANES, bool VEC, int MINB, int STAGES = 0, bool F8 = true>
+template <class T, int LANES, bool VEC, int MINB, int STAGES = 0, bool F8 = true, bool TMA = false>
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
+  __shared__ std::uint64_t tma_bars[TMA ? kWarps : 1][TMA ? STAGES : 1];
   extern __shared__ uint4 pool_ring[];
   if (a.trigger) pdl_launch_dependents();
   uint4* const ring = pool_ring + (threadIdx.x / 32) * (STAGES * kBatch * 32);
@@ -548,6 +603,16 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
   };
   const std::int64_t w0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   bool wait = a.waits;  // pdl_wait() before the first shift this warp reads
+  TmaRing tring{nullptr, tma_bars[TMA ? threadIdx.x / 32 : 0], 0};
+  if constexpr (TMA) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (lane == 0) {
+      for (int s = 0; s < STAGES; ++s) ::sparge::cuda::attn::sm90::barrier_init(tring.bars + s, 1);
+      ::sparge::cuda::attn::sm90::barrier_init_fence();
+    }
+    __syncwarp();
+#endif
+  }
   for (std::int64_t w = a.ticket == nullptr ? w0 : next(0); w < total; w = next(w)) {
     // Item w: its segment and (sequence, head, block).
     const bool first = w < a.seg[0].count;
@@ -556,11 +621,12 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     if (sg.reverse) i = sg.count - 1 - i;
     std::int64_t h, b, si;
     decode_item(sg, i, a.small, si, h, b);
+    tring.map = &a.tmap[first ? 0 : 1];
     if (sg.shift != nullptr) {  // warp-uniform
-      pool_item<T, LANES, VEC, true, STAGES, F8>(a.g, sg, si, h, b, ring, wait);
+      pool_item<T, LANES, VEC, true, STAGES, F8, TMA>(a.g, sg, si, h, b, ring, wait, &tring);
       wait = false;
     } else {
-      pool_item<T, LANES, VEC, false, STAGES, F8>(a.g, sg, si, h, b, ring, false);
+      pool_item<T, LANES, VEC, false, STAGES, F8, TMA>(a.g, sg, si, h, b, ring, false, &tring);
     }
     if (sg.done != nullptr) {  // warp-uniform: chunk sums with the K mean folded in
       __threadfence();  // this lane's chunk sums, before the count
@@ -664,10 +730,11 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 // Deleted after the session-5 measurement (same bits, not faster): prefetch, base, wide, small4,
 // async, async4x4, and the cross-item rings stream3 / stream4x4 (stream4x4 equalled async3's total,
 // with an issue cursor across items: more code for nothing).
-enum class PoolVariant { kAsync3, kBase3 };
+enum class PoolVariant { kAsync3, kBase3, kTma };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
+  if (v != nullptr && std::strcmp(v, "tma") == 0) return PoolVariant::kTma;
   return PoolVariant::kAsync3;
 }
 
@@ -767,7 +834,9 @@ cudaError_t launch_pass(bool bf16, PassArgs a, cudaStream_t st, bool pdl = false
       if (!vec) {
         go_kernel(pass_kernel<T, L, false, 2>);
       } else if (variant == PoolVariant::kBase3 ||
-                 !(fp8_out ? go_ring(pass_kernel<T, L, true, 2, kStages>) : go_ring(pass_kernel<T, L, true, 2, kStages, false>))) {
+                 !(fp8_out   ? go_ring(pass_kernel<T, L, true, 2, kStages>)
+                   : a.use_tma ? go_ring(pass_kernel<T, L, true, 2, kStages, false, true>)
+                               : go_ring(pass_kernel<T, L, true, 2, kStages, false>))) {
         go_kernel(pass_kernel<T, L, true, 3>);
       }
     };
@@ -823,8 +892,16 @@ const char* pool_variant_name() {
   const bool chain = pooling_pdl();
   switch (pool_variant()) {
     case PoolVariant::kBase3: return chain ? "base3+pdl" : "base3";
+    case PoolVariant::kTma: return chain ? "tma+pdl" : "tma";
     default: return chain ? "async3+pdl" : "async3";
   }
+}
+
+bool pool_tma_asked() { return pool_variant() == PoolVariant::kTma; }
+
+int pool_tma_rows(std::int64_t d) {
+  if (d < 8 || d > 256 || (d & (d - 1)) != 0) return 0;
+  return kBatch * 32 / static_cast<int>(d / 8);  // kBatch steps of 32 / LANES rows, LANES = d / 8
 }
 
 cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st, bool pdl) {
@@ -851,7 +928,13 @@ cudaError_t launch_pool_one(const Geometry& g, const Rows& x, bool bf16, bool is
 
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
-                           const Marks& marks, const Fp8Out& fp8) {
+                           const Marks& marks, const Fp8Out& fp8, const TmaMaps* tma) {
+  // The TMA maps of a pass's segments (after any reordering of the segments).
+  const auto with_tma = [&](PassArgs& a) {
+    if (tma == nullptr) return;
+    a.use_tma = true;
+    for (int i = 0; i < 2; ++i) a.tmap[i] = a.seg[i].is_k ? tma->k : tma->q;
+  };
   const auto with_f8 = [&](Segment sg) {  // a pool segment that also writes the fp8 recipe's rows
     if (fp8.q8 != nullptr) {
       sg.f8 = sg.is_k ? fp8.k8 : fp8.q8;
@@ -875,6 +958,7 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
   p1.seg[0] = with_f8(pool_segment(g, q, false, nullptr, s, maybe_q_sim));
   if (!smooth) {
     p1.seg[1] = with_f8(pool_segment(g, k, true, nullptr, s, maybe_k_sim));
+    with_tma(p1);
     const cudaError_t e = launch_pass(bf16, p1, st);
     marks("pool Q+K");
     return e;
@@ -890,6 +974,7 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     if (e != cudaSuccess) return e;
   }
   if (k_first()) std::swap(p1.seg[0], p1.seg[1]);
+  with_tma(p1);
   if ((e = launch_pass(bf16, p1, st)) != cudaSuccess) return e;
   if (fold) {
     marks("pool Q + K sums + K mean");
@@ -902,6 +987,7 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
   p2.g = g;
   p2.seg[0] = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
+  with_tma(p2);
   e = launch_pass(bf16, p2, st, chain);
   marks("pool K");
   return e;

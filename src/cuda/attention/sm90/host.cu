@@ -88,7 +88,10 @@ bool image_available(int device) {
   return v == 2;
 }
 
-bool encode_tensor_map(CUtensorMap* out, const Tensor& t, int box_rows) {
+namespace {
+// A 4-D map of a [B, S, H, D] f16/bf16 tensor (dims innermost first: D, S, H, B) with the given box
+// columns and rows and swizzle; false where the driver or TMA's stride rules reject it.
+bool encode_rows_box(CUtensorMap* out, const Tensor& t, int box_cols, int box_rows, CUtensorMapSwizzle swizzle) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
   if (fn == nullptr) return false;
   if (t.dtype != DType::f16 && t.dtype != DType::bf16) return false;
@@ -103,13 +106,23 @@ bool encode_tensor_map(CUtensorMap* out, const Tensor& t, int box_rows) {
     strides[i] = static_cast<cuuint64_t>(st[i]) * es;
     if (strides[i] % 16 != 0 || strides[i] >= (1ull << 40)) return false;
   }
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dt =
       t.dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const CUresult r = fn(out, dt, 4, t.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = fn(out, dt, 4, t.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
+}
+}  // namespace
+
+bool encode_tensor_map(CUtensorMap* out, const Tensor& t, int box_rows) {
+  return encode_rows_box(out, t, 64, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+bool encode_rows_map(CUtensorMap* out, const Tensor& t, int box_rows) {
+  if (t.shape[3] < 8 || t.shape[3] > 256) return false;
+  return encode_rows_box(out, t, static_cast<int>(t.shape[3]), box_rows, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 namespace {

@@ -16,4 +16,8 @@ namespace sparge::cuda::attn::sm90 {
 // the layout, e.g. a stride TMA cannot express; the caller then uses the portable kernel.
 bool encode_tensor_map(CUtensorMap* out, const Tensor& t, int box_rows);
 
+// The same tensor with whole rows as the box: D (at most 256) columns x `box_rows` rows, no swizzle,
+// so a box lands in shared memory as box_rows dense rows of D values (the block map's pooling ring).
+bool encode_rows_map(CUtensorMap* out, const Tensor& t, int box_rows);
+
 }  // namespace sparge::cuda::attn::sm90
