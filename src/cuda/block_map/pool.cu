@@ -589,7 +589,7 @@ template <class T, int LANES, bool VEC, int MINB, int STAGES = 0, bool F8 = true
 __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_constant__ PassArgs a) {
   __shared__ float red_all[kWarps][kPoolThreads];  // the folded K mean's group sums, per warp
   __shared__ std::uint64_t tma_bars[TMA ? kWarps : 1][TMA ? STAGES : 1];
-  extern __shared__ uint4 pool_ring[];
+  extern __shared__ __align__(128) uint4 pool_ring[];  // 128-byte aligned: TMA boxes land in it (TMA)
   if (a.trigger) pdl_launch_dependents();
   uint4* const ring = pool_ring + (threadIdx.x / 32) * (STAGES * kBatch * 32);
   const std::int64_t total = a.seg[0].count + a.seg[1].count;
