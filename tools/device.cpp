@@ -19,6 +19,11 @@ namespace {
 void cuda_check(cudaError_t err, const std::string& what) {
   if (err != cudaSuccess) throw ToolError(what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
+// The Status of a queued operation: ok, or a runtime error naming it.
+Status cuda_status(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess) return {StatusCode::runtime_error, what + ": " + cudaGetErrorString(err)};
+  return Status::ok_status();
+}
 #endif
 [[noreturn, maybe_unused]] void no_cuda(const std::string& what) {
   throw ToolError(what + ": this build of sparge has no CUDA backend (configure with -DSPARGE_CUDA=ON)");
@@ -127,10 +132,9 @@ Status DeviceBuffer::copy_from(const DeviceBuffer& src, std::size_t bytes, const
     return Status::ok_status();
   }
 #if SPARGE_WITH_CUDA
-  const cudaError_t err =
-      cudaMemcpyAsync(ptr_, src.ptr_, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream.handle()));
-  if (err != cudaSuccess) return {StatusCode::runtime_error, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(err)};
-  return Status::ok_status();
+  return cuda_status(
+      cudaMemcpyAsync(ptr_, src.ptr_, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream.handle())),
+      "cudaMemcpyAsync");
 #else
   (void)stream;
   no_cuda("copy to " + what_);
@@ -143,10 +147,9 @@ Status DeviceBuffer::read_once(std::size_t bytes, DeviceBuffer& sink, const Stre
                                               ": needs a CUDA buffer, a multiple of 16 bytes and a 4-byte sink"};
   }
 #if SPARGE_WITH_CUDA
-  const cudaError_t err = sparge::cuda::read_probe(ptr_, bytes, static_cast<unsigned*>(sink.ptr_),
-                                                   static_cast<cudaStream_t>(stream.handle()));
-  if (err != cudaSuccess) return {StatusCode::runtime_error, std::string("read probe: ") + cudaGetErrorString(err)};
-  return Status::ok_status();
+  return cuda_status(sparge::cuda::read_probe(ptr_, bytes, static_cast<unsigned*>(sink.ptr_),
+                                             static_cast<cudaStream_t>(stream.handle())),
+                     "read probe");
 #else
   (void)stream;
   no_cuda("read of " + what_);

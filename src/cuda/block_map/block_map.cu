@@ -13,6 +13,7 @@
 
 #include "cuda/attention/sm90/tensor_map.h"
 #include "cuda/block_map/block_map.cuh"
+#include "cuda/block_map/pdl.cuh"
 #include "cuda/cuda_backend.h"
 #include "cuda/scratch_pool.h"
 #include "validate/validate.h"
@@ -180,16 +181,6 @@ class StageTimer {
   bool on_ = false;
   std::vector<std::pair<const char*, cudaEvent_t>> marks_;
 };
-
-// The compute capability major of the current device (0 if the query fails).
-int device_major() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return major;
-}
 
 }  // namespace
 

@@ -26,6 +26,13 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) 
   const int n = ok ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
 }
+// A 4-byte load through L2 (data another kernel wrote), kept in program order with the other
+// volatile loads, so that a batch of them is in flight before the adds that use them (unit_k_mean).
+__device__ __forceinline__ float ld_cg_in_order(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are pending.
 template <int N>

@@ -11,5 +11,7 @@
 namespace sparge::cuda::block_map {
 
 bool pdl_enabled();
+// The compute capability major of the current device (0 if the query fails).
+int device_major();
 
 }  // namespace sparge::cuda::block_map

@@ -239,6 +239,9 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
           }
           continue;
         }
+        // The shift, the zero of a row past the item and |row|^2 in one loop, as consume_tree's row
+        // and n2 steps do them apart (the same operations per value; kept fused here because the
+        // split loops change the SASS of the fp8 kernels, checked with cuobjdump in session 8).
         float n2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -292,7 +295,7 @@ __device__ __forceinline__ void pool_item(const Geometry& g, const Segment& sg, 
     // steps when LANES < kBatch). Levels after that are the butterfly. The lane's rows' factors
     // 1 / |row| are then taken once per held step and broadcast to the row's lanes by index shuffles.
     const auto consume_tree = [&](const uint4 (&raw)[kBatch], int s0, bool full, std::false_type /*no fp8*/) {
-      const auto row = [&](int u, float (&v)[8]) {
+      const auto row = [&](int u, float (&v)[8]) {  // consume's row preparation, without |row|^2
         const bool valid = full || (col_ok && s0 + u * kRowsPerStep + grp < n);
         unpack8<T>(raw[u], v);
 #pragma unroll
@@ -621,7 +624,7 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
     if (sg.reverse) i = sg.count - 1 - i;
     std::int64_t h, b, si;
     decode_item(sg, i, a.small, si, h, b);
-    tring.map = &a.tmap[first ? 0 : 1];
+    if constexpr (TMA) tring.map = &a.tmap[first ? 0 : 1];
     if (sg.shift != nullptr) {  // warp-uniform
       pool_item<T, LANES, VEC, true, STAGES, F8, TMA>(a.g, sg, si, h, b, ring, wait, &tring);
       wait = false;
@@ -651,13 +654,6 @@ __global__ void __launch_bounds__(kPoolThreads, MINB) pass_kernel(const __grid_c
 // then thread d adds the groups' sums in group order to 0 and divides by k_len, into mean[d].
 // `part` is the unit's [nchunks, D] chunk sums. red: kPoolThreads floats of shared memory. Ends
 // with a barrier (red and mean may be used right after).
-// A 4-byte load through L2 (data another kernel wrote), kept in program order with the others.
-__device__ __forceinline__ float ld_cg_in_order(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ void unit_k_mean(const Geometry& g, const float* part, std::int64_t nchunks,
                                             std::int64_t k_len, float* red, float* mean) {
   const int tid = static_cast<int>(threadIdx.x);

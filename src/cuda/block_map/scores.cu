@@ -112,10 +112,7 @@ constexpr std::size_t kStageSmem = sizeof(float) * kStages * (BM + kBig) * kStag
 // loop of whole chunks unrolled (bench no better) and 512 threads with 8 x 4 per thread (124
 // registers, 4 warps per scheduler; the scores stage 0.0246 against 0.0233 ms).
 __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, float scale, Scratch s) {
-  constexpr int NT = kThreads;
   constexpr int kRows = BM / 16;  // rows per thread
-  constexpr int kTx = NT / 16;    // threads across the tile's columns
-  constexpr int kCols = kBig / kTx;  // columns per thread
   pdl_wait();  // the pooled rows of the launches before (a no-op without PDL)
   pdl_launch_dependents();
   extern __shared__ __align__(16) float stage_smem[];
@@ -124,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
     return stage_smem + buf * (BM + kBig) * kStagePitch + (op == 0 ? 0 : BM * kStagePitch);
   };
   const int tid = static_cast<int>(threadIdx.x);
-  const int tx = tid % kTx, ty = tid / kTx;
+  const int tx = tid % 16, ty = tid / 16;
   const std::int64_t tiles_q = (g.nq + BM - 1) / BM, tiles_k = (g.nk + kBig - 1) / kBig;
   const std::int64_t total = g.nseq * g.hq * tiles_q * tiles_k;
   const std::int64_t group = g.hq / g.hk;
@@ -149,15 +146,15 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
       float* db = tile(c % kStages, 1);
       constexpr int kPerRow = kStageCols / 4;
 #pragma unroll
-      for (int u = 0; u < BM * kPerRow / NT; ++u) {
-        const int p = tid + u * NT;
+      for (int u = 0; u < BM * kPerRow / kThreads; ++u) {
+        const int p = tid + u * kThreads;
         const int r = p / kPerRow, col = (p % kPerRow) * 4;
         const bool a_ok = c0 + col < d && qb0 + r < g.nq;
         cp_async16(da + r * kStagePitch + col, a_ok ? pa + r * g.d + c0 + col : s.pq, a_ok);
       }
 #pragma unroll
-      for (int u = 0; u < kBig * kPerRow / NT; ++u) {
-        const int p = tid + u * NT;
+      for (int u = 0; u < kBig * kPerRow / kThreads; ++u) {
+        const int p = tid + u * kThreads;
         const int r = p / kPerRow, col = (p % kPerRow) * 4;
         const bool b_ok = c0 + col < d && kb0 + r < g.nk;
         cp_async16(db + r * kStagePitch + col, b_ok ? pb + r * g.d + c0 + col : s.pk, b_ok);
@@ -167,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
     // Every thread has passed the previous tile's last reads of both buffers (its last barrier).
     issue(0);
     if (chunks > 1) issue(1);
-    float acc[kRows][kCols] = {};
+    float acc[kRows][8] = {};
     for (int c = 0; c < chunks; ++c) {
       // Chunk c is the older of at most two committed groups (c + 1 issued when it exists).
       if (c + 1 < chunks) {
@@ -180,14 +177,14 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
       const float* bs = tile(c % kStages, 1);
       const int width = d - c * kStageCols < kStageCols ? d - c * kStageCols : kStageCols;  // multiple of 8
       for (int k = 0; k < width; k += 4) {
-        float4 b[kCols];
+        float4 b[8];
 #pragma unroll
-        for (int j = 0; j < kCols; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + kTx * j) * kStagePitch + k);
+        for (int j = 0; j < 8; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + 16 * j) * kStagePitch + k);
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
           const float4 a4 = *reinterpret_cast<const float4*>(as + (ty + 16 * i) * kStagePitch + k);
 #pragma unroll
-          for (int j = 0; j < kCols; ++j) {
+          for (int j = 0; j < 8; ++j) {
             float v = acc[i][j];
             v = fmaf(a4.x, b[j].x, v);
             v = fmaf(a4.y, b[j].y, v);
@@ -205,8 +202,8 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
       const std::int64_t qb = qb0 + ty + 16 * i;
       if (qb >= g.nq) continue;
 #pragma unroll
-      for (int j = 0; j < kCols; ++j) {
-        const std::int64_t kb = kb0 + tx + kTx * j;
+      for (int j = 0; j < 8; ++j) {
+        const std::int64_t kb = kb0 + tx + 16 * j;
         if (kb < g.nk) out[qb * g.nk + kb] = acc[i][j] * scale;
       }
     }
@@ -222,7 +219,6 @@ cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaS
   const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
   return launch_maybe_pdl(scores_stage_kernel, grid, kThreads, kStageSmem, st, pdl_enabled(), g, scale, s);
 }
-
 
 template <int TILE>
 cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
@@ -240,13 +236,17 @@ cudaError_t launch(const Geometry& g, float scale, const Scratch& s, cudaStream_
 bool pdl_enabled() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_PDL");
   if (v != nullptr && v[0] == '0') return false;
+  return device_major() >= 9;
+}
+
+int device_major() {
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return 0;
   }
-  return major >= 9;
+  return major;
 }
 
 // Tile choice changes speed only, never a score: each score is the same fmaf chain in any tile.
