@@ -657,16 +657,16 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* ticket = nullptr;
   };
   const char* const o = nullptr;  // unset
-  // The default pooling is async3 (the cp.async ring); base3 is the register path; tma the ring loaded by
-  // TMA (opt-in). PDL "2": the pooling launches in a PDL chain too.
+  // The default pooling is the ring loaded by TMA (where it applies); async3 the cp.async ring; base3
+  // the register path. PDL "2": the pooling launches in a PDL chain too.
   const Setting settings[] = {
       {"fold", o, o, o, o, o},          {o, "1", o, o, o, o},             {o, o, "base3", o, o, o},
       {"fold", "1", "base3", o, o, o},  {o, o, o, "1", o, o},             {o, "1", "base3", "1", o, o},
       {o, o, o, o, "0", o},             {o, o, o, o, o, "bits"},          {o, o, o, o, "0", "bits"},
       {"fold", o, o, "1", "0", "bits"}, {o, "1", o, o, o, o, "1"},        {"fold", o, "base3", o, o, o, "1"},
       {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, "2", o},             {"fold", "1", o, o, "2", o, "1"},
-      {o, o, "base3", o, "2", "bits"},  {"fold", o, o, "1", "2", o},      {o, o, "tma", o, o, o},
-      {"fold", "1", "tma", "1", "2", o, "1"}};
+      {o, o, "base3", o, "2", "bits"},  {"fold", o, o, "1", "2", o},      {o, o, "async3", o, o, o},
+      {"fold", "1", "async3", "1", "2", o, "1"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };

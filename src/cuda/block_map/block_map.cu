@@ -277,8 +277,8 @@ Status build_block_map(const BlockMapParams& p) {
 
   StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
-  // SPARGE_BLOCKMAP_POOL=tma: the pooling ring loads by TMA where it can (sm_90+, power-of-two head
-  // dims, 16-byte rows, maps the driver accepts); elsewhere the cp.async ring runs (same bits).
+  // The pooling ring loads by TMA where it can (the default; sm_90+, power-of-two head dims, 16-byte
+  // rows, no fp8 outputs, maps the driver accepts); elsewhere the cp.async ring runs (same bits).
   TmaMaps maps;
   const TmaMaps* tma = nullptr;
   if (pool_tma_asked() && pool_tma_rows(g.d) > 0 && q.vec && k.vec && device_major() >= 9 &&
@@ -306,7 +306,7 @@ Status build_block_map(const BlockMapParams& p) {
     (void)cudaGetLastError();
     return runtime_error(detail::cat(kOp, ": cudaFreeAsync of the scratch failed: ", cudaGetErrorString(e)));
   }
-  timer.print(g, pool_variant_name(), scores_variant(g), select_variant(g.nk));
+  timer.print(g, pool_variant_name(tma != nullptr && fp8.q8 == nullptr), scores_variant(g), select_variant(g.nk));
   return {};
 }
 

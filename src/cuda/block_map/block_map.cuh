@@ -122,7 +122,7 @@ struct TmaMaps {
 // Rows per TMA box of the pooling ring at head dim d: one batch of the ring (kBatch steps of 32 / LANES
 // rows), for power-of-two d from 8 to 256; 0 where the TMA ring does not apply.
 int pool_tma_rows(std::int64_t d);
-// Whether the opt-in TMA pooling ring is asked for (SPARGE_BLOCKMAP_POOL=tma).
+// Whether the TMA pooling ring is asked for (the default; SPARGE_BLOCKMAP_POOL=async3 / base3 turn it off).
 bool pool_tma_asked();
 cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool bf16, bool smooth, const Scratch& s,
                            const Out<float>& maybe_q_sim, const Out<float>& maybe_k_sim, cudaStream_t st,
@@ -131,8 +131,9 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
 // context parallelism (src/dist/), which all-gathers the K chunk sums and the pooled K between
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into
 // s.k_mean; the pooling of Q (is_k = false) or of K shifted by `shift` ([nseq, hk, D], or null).
-// Which pooling kernel variant runs (names it in profiles; SPARGE_BLOCKMAP_POOL).
-const char* pool_variant_name();
+// Which pooling kernel variant ran (names it in profiles; SPARGE_BLOCKMAP_POOL); tma_ran: the
+// launch had TMA maps and no fp8 outputs (else the TMA variant ran as async3).
+const char* pool_variant_name(bool tma_ran);
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
 // pdl: launched as a programmatic dependent of pass 1, and letting pass 2 start early (the PDL chain).
 cudaError_t launch_k_mean(const Geometry& g, const Scratch& s, cudaStream_t st, bool pdl = false);

@@ -708,9 +708,9 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
   }
 }
 
-// SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows; both give the same
+// SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows; all give the same
 // bits:
-//   async3 (default since 2026-11-30, session 5): the loads go through a per-warp cp.async ring of
+//   async3 (the default from session 5 to 8; where TMA does not apply, still): the loads go through a per-warp cp.async ring of
 //     3 batches (two ahead of the one being added up), 2 CTAs per SM, 96 KB of dynamic shared
 //     memory per CTA. H200, b2 h32 s16384 d128 128x64: pool Q + K sums 0.1425 ms, pool K 0.0838
 //     (base3: 0.158 / 0.092);
@@ -726,12 +726,20 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 // Deleted after the session-5 measurement (same bits, not faster): prefetch, base, wide, small4,
 // async, async4x4, and the cross-item rings stream3 / stream4x4 (stream4x4 equalled async3's total,
 // with an issue cursor across items: more code for nothing).
+//   tma (the default since session 9; opt-in in session 8): the ring's batches loaded as TMA boxes
+//     (pool_item's TMA), where the maps apply (sm_90+, power-of-two head dims, 16-byte rows, no fp8
+//     outputs); elsewhere async3 runs. H200, session 9: 0.262-0.267 ms against async3's
+//     0.266-0.272 (rounds 1 and 2, alternating in one process), even to 1% better in rounds 4-5.
+// Measured in session 9 and deleted (same bits, slower): tmas / tmas6, the TMA ring fed across
+// items by an issue cursor on a grid of the resident CTAs (3 stages 0.297-0.300 ms, 6 stages and
+// one CTA per SM 0.285-0.286, against 0.266), and MERGE, the pooling in one launch (K sums with the
+// K mean folded in, Q blocks, then K blocks waiting on a per-unit flag: 0.306-0.318 ms).
 enum class PoolVariant { kAsync3, kBase3, kTma };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");
   if (v != nullptr && std::strcmp(v, "base3") == 0) return PoolVariant::kBase3;
-  if (v != nullptr && std::strcmp(v, "tma") == 0) return PoolVariant::kTma;
-  return PoolVariant::kAsync3;
+  if (v != nullptr && std::strcmp(v, "async3") == 0) return PoolVariant::kAsync3;
+  return PoolVariant::kTma;
 }
 
 // SPARGE_BLOCKMAP_KMEAN (read per call; same bits either way): `launch` (default) runs
@@ -884,11 +892,13 @@ Segment k_sums_segment(const Geometry& g, const Rows& k, const Scratch& s) {
 
 }  // namespace
 
-const char* pool_variant_name() {
+const char* pool_variant_name(bool tma_ran) {
   const bool chain = pooling_pdl();
   switch (pool_variant()) {
     case PoolVariant::kBase3: return chain ? "base3+pdl" : "base3";
-    case PoolVariant::kTma: return chain ? "tma+pdl" : "tma";
+    case PoolVariant::kTma:
+      if (tma_ran) return chain ? "tma+pdl" : "tma";
+      [[fallthrough]];  // the maps do not apply: the cp.async ring ran
     default: return chain ? "async3+pdl" : "async3";
   }
 }

@@ -6,9 +6,14 @@
 // query block of the tile can see (causal, or past a varlen sequence's end) are skipped: the
 // selection never reads them.
 //
-// Every score is one fmaf chain over d = 0 .. D-1 in order, the same instructions for every
-// element, so equal pooled K rows give bit-equal scores (exact ties stay exact ties) and the
-// result is the same on every run.
+// The 128 x 128 tile multiplies on the tensor cores (sm_80+, the default since session 9) as three
+// TF32 products per element pair, x = hi + lo with hi = tf32(x), lo = tf32(x - hi), and
+// a.b ~ a_lo.b_hi + a_hi.b_lo + a_hi.b_hi accumulated in fp32 (the dropped a_lo.b_lo is below
+// 2^-22 relative): fp32-level rounding, within the tolerances that the selection's near-tie rule
+// assumes. Every other path, and the 128 x 128 tile with SPARGE_BLOCKMAP_SCORES=fma, takes one fmaf
+// chain over d = 0 .. D-1 in order. Either way every element of a call is computed by the same
+// instructions from its own row and column, so equal pooled K rows give bit-equal scores (exact
+// ties stay exact ties) and the result is the same on every run.
 #include <cstdlib>
 #include <cstring>
 
@@ -101,7 +106,10 @@ constexpr int kStageCols = 32;
 constexpr int kStagePitch = kStageCols + 4;
 constexpr int kStages = 2;
 constexpr int BM = 128;  // tile rows
-constexpr std::size_t kStageSmem = sizeof(float) * kStages * (BM + kBig) * kStagePitch;  // 73,728 bytes
+constexpr int kStagePitchTc = kStageCols + 8;  // TC: 8-byte fragment reads, lane (fr, fc) at banks 8 fr + 2 fc
+constexpr std::size_t stage_smem_bytes(bool tc) {
+  return sizeof(float) * kStages * (BM + kBig) * (tc ? kStagePitchTc : kStagePitch);  // 73,728 / 81,920 bytes
+}
 
 // At the issue's shape the grid is 128 CTAs of 8 warps, one per SM (12.5% of the warps active). The
 // launch bounds state no CTA count: an explicit 1 changes ptxas's choices, 162 registers instead of
@@ -111,14 +119,38 @@ constexpr std::size_t kStageSmem = sizeof(float) * kStages * (BM + kBig) * kStag
 // 60% of its cycles with 2 warps per scheduler, its FFMAs waiting on shared-memory reads) the head-dim
 // loop of whole chunks unrolled (bench no better) and 512 threads with 8 x 4 per thread (124
 // registers, 4 warps per scheduler; the scores stage 0.0246 against 0.0233 ms).
+// TC (sm_80+): the tile's products on the tensor cores as three TF32 mma.sync per element pair (the
+// file's comment), warp w owning rows 64 (w / 4) .. + 63 and columns 32 (w % 4) .. + 31 as 4 x 4
+// m16n8k8 tiles. The staged layout is [row][column] as for FMA, pitch 40. A k-step of 8 head-dim
+// columns k .. k + 7 gives fragment slot fc (fc + 4) the column k + 2 fc (k + 2 fc + 1) on both
+// sides, so a lane reads each row's pair with one 8-byte load (a dot product may take its terms in
+// any order, as long as A and B agree).
+// hi keeps x's top 19 bits (a TF32 value: sign, exponent, 10 mantissa bits) and lo = x - hi is exact;
+// the tensor core reads lo's top 19 bits too (so lo is rounded toward zero, 2^-21 relative to x at
+// most, as small as the dropped lo . lo).
+__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+// c (4 consecutive floats of the accumulator) += a . b, one m16n8k8 TF32 tile.
+__device__ __forceinline__ void mma_tf32(float* c, const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+  asm(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <bool TC>
 __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, float scale, Scratch s) {
   constexpr int kRows = BM / 16;  // rows per thread
   pdl_wait();  // the pooled rows of the launches before (a no-op without PDL)
   pdl_launch_dependents();
+  constexpr int kPitch = TC ? kStagePitchTc : kStagePitch;
   extern __shared__ __align__(16) float stage_smem[];
   // Buffer b: A [BM][pitch], then B [kBig][pitch].
   const auto tile = [&](int buf, int op) {
-    return stage_smem + buf * (BM + kBig) * kStagePitch + (op == 0 ? 0 : BM * kStagePitch);
+    return stage_smem + buf * (BM + kBig) * kPitch + (op == 0 ? 0 : BM * kPitch);
   };
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % 16, ty = tid / 16;
@@ -150,21 +182,24 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
         const int p = tid + u * kThreads;
         const int r = p / kPerRow, col = (p % kPerRow) * 4;
         const bool a_ok = c0 + col < d && qb0 + r < g.nq;
-        cp_async16(da + r * kStagePitch + col, a_ok ? pa + r * g.d + c0 + col : s.pq, a_ok);
+        cp_async16(da + r * kPitch + col, a_ok ? pa + r * g.d + c0 + col : s.pq, a_ok);
       }
 #pragma unroll
       for (int u = 0; u < kBig * kPerRow / kThreads; ++u) {
         const int p = tid + u * kThreads;
         const int r = p / kPerRow, col = (p % kPerRow) * 4;
         const bool b_ok = c0 + col < d && kb0 + r < g.nk;
-        cp_async16(db + r * kStagePitch + col, b_ok ? pb + r * g.d + c0 + col : s.pk, b_ok);
+        cp_async16(db + r * kPitch + col, b_ok ? pb + r * g.d + c0 + col : s.pk, b_ok);
       }
       cp_async_commit();
     };
     // Every thread has passed the previous tile's last reads of both buffers (its last barrier).
     issue(0);
     if (chunks > 1) issue(1);
+    // FMA: acc[i][j] is row ty + 16 i, column tx + 16 j. TC: acc[mt][nt][e] is row
+    // 64 wm + 16 mt + fr (+ 8 for e >= 2), column 32 wn + 8 nt + 2 fc + (e & 1) (fr = lane / 4, fc = lane % 4).
     float acc[kRows][8] = {};
+    [[maybe_unused]] const int lane = tid % 32, wm = tid / 128, wn = (tid / 32) % 4, fr = lane / 4, fc = lane % 4;
     for (int c = 0; c < chunks; ++c) {
       // Chunk c is the older of at most two committed groups (c + 1 issued when it exists).
       if (c + 1 < chunks) {
@@ -176,13 +211,47 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
       const float* as = tile(c % kStages, 0);
       const float* bs = tile(c % kStages, 1);
       const int width = d - c * kStageCols < kStageCols ? d - c * kStageCols : kStageCols;  // multiple of 8
+      if constexpr (TC) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll 2
+        for (int k = 0; k < width; k += 8) {
+          std::uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const float2 b2 = *reinterpret_cast<const float2*>(bs + (32 * wn + 8 * nt + fr) * kPitch + k + 2 * fc);
+            split_tf32(b2.x, bh[nt][0], bl[nt][0]);
+            split_tf32(b2.y, bh[nt][1], bl[nt][1]);
+          }
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) {
+            const float* ap = as + (64 * wm + 16 * mt + fr) * kPitch + k + 2 * fc;
+            const float2 lo_row = *reinterpret_cast<const float2*>(ap);
+            const float2 hi_row = *reinterpret_cast<const float2*>(ap + 8 * kPitch);
+            std::uint32_t ah[4], al[4];
+            split_tf32(lo_row.x, ah[0], al[0]);
+            split_tf32(hi_row.x, ah[1], al[1]);
+            split_tf32(lo_row.y, ah[2], al[2]);
+            split_tf32(hi_row.y, ah[3], al[3]);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+              float* cc = &acc[2 * mt + nt / 2][4 * (nt % 2)];
+              mma_tf32(cc, al, bh[nt]);
+              mma_tf32(cc, ah, bl[nt]);
+              mma_tf32(cc, ah, bh[nt]);
+            }
+          }
+        }
+#else
+        __trap();  // launched on sm_80+ only
+#endif
+      } else {
       for (int k = 0; k < width; k += 4) {
         float4 b[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + 16 * j) * kStagePitch + k);
+        for (int j = 0; j < 8; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + 16 * j) * kPitch + k);
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
-          const float4 a4 = *reinterpret_cast<const float4*>(as + (ty + 16 * i) * kStagePitch + k);
+          const float4 a4 = *reinterpret_cast<const float4*>(as + (ty + 16 * i) * kPitch + k);
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             float v = acc[i][j];
@@ -193,31 +262,65 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
           }
         }
       }
+      }
       __syncthreads();  // buffer c % kStages is read by everyone before chunk c + kStages overwrites it
       if (c + kStages < chunks) issue(c + kStages);
     }
     float* out = s.scores + (si * g.hq + h) * g.nq * g.nk;
+    if constexpr (TC) {
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const std::int64_t qb = qb0 + ty + 16 * i;
-      if (qb >= g.nq) continue;
+      for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const std::int64_t kb = kb0 + tx + 16 * j;
-        if (kb < g.nk) out[qb * g.nk + kb] = acc[i][j] * scale;
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {  // rows fr and fr + 8: two adjacent columns each
+            const std::int64_t qb = qb0 + 64 * wm + 16 * mt + fr + 8 * half;
+            const std::int64_t kb = kb0 + 32 * wn + 8 * nt + 2 * fc;
+            const float x = acc[2 * mt + nt / 2][4 * (nt % 2) + 2 * half] * scale;
+            const float y = acc[2 * mt + nt / 2][4 * (nt % 2) + 2 * half + 1] * scale;
+            if (qb >= g.nq || kb >= g.nk) continue;
+            if ((g.nk & 1) == 0 && kb + 1 < g.nk) {  // 8-byte aligned: even row pitch, even column
+              *reinterpret_cast<float2*>(out + qb * g.nk + kb) = make_float2(x, y);
+            } else {
+              out[qb * g.nk + kb] = x;
+              if (kb + 1 < g.nk) out[qb * g.nk + kb + 1] = y;
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const std::int64_t qb = qb0 + ty + 16 * i;
+        if (qb >= g.nq) continue;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const std::int64_t kb = kb0 + tx + 16 * j;
+          if (kb < g.nk) out[qb * g.nk + kb] = acc[i][j] * scale;
+        }
       }
     }
   }
 }
 
+// SPARGE_BLOCKMAP_SCORES=fma (read per call): the 128 x 128 tile by fmaf chains (the default until
+// session 9) instead of the tensor cores; below sm_80 always.
+bool scores_tc() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
+  return !(v != nullptr && std::strcmp(v, "fma") == 0) && device_major() >= 8;
+}
+
 cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + BM - 1) / BM) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(scores_stage_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kStageSmem));
-  if (e != cudaSuccess) return e;
-  const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-  return launch_maybe_pdl(scores_stage_kernel, grid, kThreads, kStageSmem, st, pdl_enabled(), g, scale, s);
+  const auto go = [&](auto kernel, std::size_t smem) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
+    return launch_maybe_pdl(kernel, grid, kThreads, smem, st, pdl_enabled(), g, scale, s);
+  };
+  return scores_tc() ? go(scores_stage_kernel<true>, stage_smem_bytes(true))
+                     : go(scores_stage_kernel<false>, stage_smem_bytes(false));
 }
 
 template <int TILE>
@@ -249,10 +352,11 @@ int device_major() {
   return major;
 }
 
-// Tile choice changes speed only, never a score: each score is the same fmaf chain in any tile.
+// The kernel of a shape (the 128 x 128 tile on the tensor cores, or fmaf chains).
 const char* scores_variant(const Geometry& g) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
   const bool pdl = pdl_enabled();
+  if (m >= 128 && scores_tc()) return pdl ? "tc128+pdl" : "tc128";
   if (m >= 128) return pdl ? "stage128+pdl" : "stage128";
   if (m >= 64) return pdl ? "tile64+pdl" : "tile64";
   if (m >= 32) return pdl ? "tile32+pdl" : "tile32";
