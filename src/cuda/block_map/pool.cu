@@ -710,9 +710,14 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 
 // SPARGE_BLOCKMAP_POOL (read per call) picks the pass kernel for vector rows; all give the same
 // bits:
-//   async3 (the default from session 5 to 8; where TMA does not apply, still): the loads go through a per-warp cp.async ring of
-//     3 batches (two ahead of the one being added up), 2 CTAs per SM, 96 KB of dynamic shared
-//     memory per CTA. H200, b2 h32 s16384 d128 128x64: pool Q + K sums 0.1425 ms, pool K 0.0838
+//   tma (the default since session 9, unset or any other value; opt-in in session 8): the ring's
+//     batches loaded as TMA boxes (pool_item's TMA), where the maps apply (sm_90+, power-of-two head
+//     dims, 16-byte rows, no fp8 outputs); elsewhere async3 runs. H200, session 9: 0.262-0.267 ms
+//     against async3's 0.266-0.272 (rounds 1 and 2, alternating in one process), even to 1% better in
+//     rounds 4-5, 1-2% better in round 7;
+//   async3 (the default of sessions 5 to 8, and where TMA does not apply): the loads go through a
+//     per-warp cp.async ring of 3 batches (two ahead of the one being added up), 2 CTAs per SM,
+//     96 KB of dynamic shared memory per CTA. H200, b2 h32 s16384 d128 128x64: pool Q + K sums 0.1425 ms, pool K 0.0838
 //     (base3: 0.158 / 0.092);
 //   base3: loads into registers and adds in turn, 3 CTAs per SM (the default of 2026-11-29 to
 //     session 4, ~100 bytes of register spills per thread). Kept as the path of devices whose
@@ -726,14 +731,12 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 // Deleted after the session-5 measurement (same bits, not faster): prefetch, base, wide, small4,
 // async, async4x4, and the cross-item rings stream3 / stream4x4 (stream4x4 equalled async3's total,
 // with an issue cursor across items: more code for nothing).
-//   tma (the default since session 9; opt-in in session 8): the ring's batches loaded as TMA boxes
-//     (pool_item's TMA), where the maps apply (sm_90+, power-of-two head dims, 16-byte rows, no fp8
-//     outputs); elsewhere async3 runs. H200, session 9: 0.262-0.267 ms against async3's
-//     0.266-0.272 (rounds 1 and 2, alternating in one process), even to 1% better in rounds 4-5.
 // Measured in session 9 and deleted (same bits, slower): tmas / tmas6, the TMA ring fed across
 // items by an issue cursor on a grid of the resident CTAs (3 stages 0.297-0.300 ms, 6 stages and
 // one CTA per SM 0.285-0.286, against 0.266), and MERGE, the pooling in one launch (K sums with the
-// K mean folded in, Q blocks, then K blocks waiting on a per-unit flag: 0.306-0.318 ms).
+// K mean folded in, Q blocks, then K blocks waiting on a per-unit flag: 0.306-0.318 ms), and L2
+// eviction priorities on the TMA boxes (pass 2 2-4% faster, pass 1 slower, and the branch in lane 0's
+// issue cost the default 2-3%).
 enum class PoolVariant { kAsync3, kBase3, kTma };
 PoolVariant pool_variant() {
   const char* v = std::getenv("SPARGE_BLOCKMAP_POOL");

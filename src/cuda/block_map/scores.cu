@@ -7,10 +7,10 @@
 // selection never reads them.
 //
 // The 128 x 128 tile multiplies on the tensor cores (sm_80+, the default since session 9) as three
-// TF32 products per element pair, x = hi + lo with hi = tf32(x), lo = tf32(x - hi), and
-// a.b ~ a_lo.b_hi + a_hi.b_lo + a_hi.b_hi accumulated in fp32 (the dropped a_lo.b_lo is below
-// 2^-22 relative): fp32-level rounding, within the tolerances that the selection's near-tie rule
-// assumes. Every other path, and the 128 x 128 tile with SPARGE_BLOCKMAP_SCORES=fma, takes one fmaf
+// TF32 products per element pair, x = hi + lo with hi a TF32 value (x's top 19 bits) and lo = x - hi,
+// and a.b ~ a_lo.b_hi + a_hi.b_lo + a_hi.b_hi accumulated in fp32 (the dropped a_lo.b_lo and lo's own
+// truncation to TF32 are near 2^-21 relative): fp32-level rounding, within the tolerances that the
+// selection's near-tie rule assumes (docs/semantics.md). Every other path, and the 128 x 128 tile with SPARGE_BLOCKMAP_SCORES=fma, takes one fmaf
 // chain over d = 0 .. D-1 in order. Either way every element of a call is computed by the same
 // instructions from its own row and column, so equal pooled K rows give bit-equal scores (exact
 // ties stay exact ties) and the result is the same on every run.
@@ -92,6 +92,22 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(Geometry g, float scal
   }
 }
 
+// hi keeps x's top 19 bits (a TF32 value: sign, exponent, 10 mantissa bits) and lo = x - hi is exact;
+// the tensor core reads lo's top 19 bits too (so lo is rounded toward zero, 2^-21 relative to x at
+// most, as small as the dropped lo . lo).
+__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+// c (4 consecutive floats of the accumulator) += a . b, one m16n8k8 TF32 tile.
+__device__ __forceinline__ void mma_tf32(float* c, const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+  asm(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // The 128 x 128 tile (NQ and NK >= 128; the default there since 2026-11-30, session 5: 0.0238 ms
 // against 0.0302 for the register-staged tile it replaced, bits equal on all 290 block-map cases).
 // The rows of A (pq) and B (pk) come in head-dim chunks of kStageCols columns through cp.async,
@@ -124,23 +140,10 @@ constexpr std::size_t stage_smem_bytes(bool tc) {
 // m16n8k8 tiles. The staged layout is [row][column] as for FMA, pitch 40. A k-step of 8 head-dim
 // columns k .. k + 7 gives fragment slot fc (fc + 4) the column k + 2 fc (k + 2 fc + 1) on both
 // sides, so a lane reads each row's pair with one 8-byte load (a dot product may take its terms in
-// any order, as long as A and B agree).
-// hi keeps x's top 19 bits (a TF32 value: sign, exponent, 10 mantissa bits) and lo = x - hi is exact;
-// the tensor core reads lo's top 19 bits too (so lo is rounded toward zero, 2^-21 relative to x at
-// most, as small as the dropped lo . lo).
-__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
-  hi = __float_as_uint(x) & 0xffffe000u;
-  lo = __float_as_uint(x - __uint_as_float(hi));
-}
-// c (4 consecutive floats of the accumulator) += a . b, one m16n8k8 TF32 tile.
-__device__ __forceinline__ void mma_tf32(float* c, const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
-  asm(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
+// any order, as long as A and B agree). H200 (session 9, r6): the scores stage 0.0195-0.0199 ms against
+// 0.0236 for the fmaf tile; ncu 22.1 us and 5.17 M instructions against 27.7 us and 11.2 M (160 registers,
+// 5.1 cycles per issued instruction: latency-bound at one CTA of 8 warps per SM). A first cut with
+// cvt.rna.tf32.f32 (~5 integer instructions each in SASS) and 4-byte fragment reads took 0.0284 ms.
 template <bool TC>
 __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, float scale, Scratch s) {
   constexpr int kRows = BM / 16;  // rows per thread
@@ -245,23 +248,23 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
         __trap();  // launched on sm_80+ only
 #endif
       } else {
-      for (int k = 0; k < width; k += 4) {
-        float4 b[8];
+        for (int k = 0; k < width; k += 4) {
+          float4 b[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + 16 * j) * kPitch + k);
+          for (int j = 0; j < 8; ++j) b[j] = *reinterpret_cast<const float4*>(bs + (tx + 16 * j) * kPitch + k);
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          const float4 a4 = *reinterpret_cast<const float4*>(as + (ty + 16 * i) * kPitch + k);
+          for (int i = 0; i < kRows; ++i) {
+            const float4 a4 = *reinterpret_cast<const float4*>(as + (ty + 16 * i) * kPitch + k);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            float v = acc[i][j];
-            v = fmaf(a4.x, b[j].x, v);
-            v = fmaf(a4.y, b[j].y, v);
-            v = fmaf(a4.z, b[j].z, v);
-            acc[i][j] = fmaf(a4.w, b[j].w, v);
+            for (int j = 0; j < 8; ++j) {
+              float v = acc[i][j];
+              v = fmaf(a4.x, b[j].x, v);
+              v = fmaf(a4.y, b[j].y, v);
+              v = fmaf(a4.z, b[j].z, v);
+              acc[i][j] = fmaf(a4.w, b[j].w, v);
+            }
           }
         }
-      }
       }
       __syncthreads();  // buffer c % kStages is read by everyone before chunk c + kStages overwrites it
       if (c + kStages < chunks) issue(c + kStages);
