@@ -144,8 +144,15 @@ constexpr std::size_t stage_smem_bytes(bool tc) {
 // 0.0236 for the fmaf tile; ncu 22.1 us and 5.17 M instructions against 27.7 us and 11.2 M (160 registers,
 // 5.1 cycles per issued instruction: latency-bound at one CTA of 8 warps per SM). A first cut with
 // cvt.rna.tf32.f32 (~5 integer instructions each in SASS) and 4-byte fragment reads took 0.0284 ms.
-template <bool TC>
-__global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, float scale, Scratch s) {
+// WARPS = 16 (TC only; SPARGE_BLOCKMAP_SCORES=tc16, opt-in, session 9, not yet run on a GPU): 512
+// threads, warp w owning rows 32 (w / 4) .. + 31 and columns 32 (w % 4) .. + 31 (2 x 4 fragments), so
+// that 4 warps per scheduler hide the mma and shared-memory latencies that bound the 8-warp tile.
+// Every element takes the same mma sequence over k as with 8 warps: the same bits.
+template <bool TC, int WARPS = 8>
+__global__ void __launch_bounds__(32 * WARPS) scores_stage_kernel(Geometry g, float scale, Scratch s) {
+  static_assert(WARPS == 8 || (TC && WARPS == 16), "the fmaf tile is laid out for 8 warps");
+  constexpr int kNT = 32 * WARPS;
+  constexpr int kMT = WARPS == 16 ? 2 : 4;  // TC: m16 fragments per warp (rows 16 kMT per warp)
   constexpr int kRows = BM / 16;  // rows per thread
   pdl_wait();  // the pooled rows of the launches before (a no-op without PDL)
   pdl_launch_dependents();
@@ -181,15 +188,15 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
       float* db = tile(c % kStages, 1);
       constexpr int kPerRow = kStageCols / 4;
 #pragma unroll
-      for (int u = 0; u < BM * kPerRow / kThreads; ++u) {
-        const int p = tid + u * kThreads;
+      for (int u = 0; u < BM * kPerRow / kNT; ++u) {
+        const int p = tid + u * kNT;
         const int r = p / kPerRow, col = (p % kPerRow) * 4;
         const bool a_ok = c0 + col < d && qb0 + r < g.nq;
         cp_async16(da + r * kPitch + col, a_ok ? pa + r * g.d + c0 + col : s.pq, a_ok);
       }
 #pragma unroll
-      for (int u = 0; u < kBig * kPerRow / kThreads; ++u) {
-        const int p = tid + u * kThreads;
+      for (int u = 0; u < kBig * kPerRow / kNT; ++u) {
+        const int p = tid + u * kNT;
         const int r = p / kPerRow, col = (p % kPerRow) * 4;
         const bool b_ok = c0 + col < d && kb0 + r < g.nk;
         cp_async16(db + r * kPitch + col, b_ok ? pb + r * g.d + c0 + col : s.pk, b_ok);
@@ -200,7 +207,8 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
     issue(0);
     if (chunks > 1) issue(1);
     // FMA: acc[i][j] is row ty + 16 i, column tx + 16 j. TC: acc[mt][nt][e] is row
-    // 64 wm + 16 mt + fr (+ 8 for e >= 2), column 32 wn + 8 nt + 2 fc + (e & 1) (fr = lane / 4, fc = lane % 4).
+    // 16 kMT wm + 16 mt + fr (+ 8 for e >= 2), column 32 wn + 8 nt + 2 fc + (e & 1) (fr = lane / 4,
+    // fc = lane % 4).
     float acc[kRows][8] = {};
     [[maybe_unused]] const int lane = tid % 32, wm = tid / 128, wn = (tid / 32) % 4, fr = lane / 4, fc = lane % 4;
     for (int c = 0; c < chunks; ++c) {
@@ -226,8 +234,8 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
             split_tf32(b2.y, bh[nt][1], bl[nt][1]);
           }
 #pragma unroll
-          for (int mt = 0; mt < 4; ++mt) {
-            const float* ap = as + (64 * wm + 16 * mt + fr) * kPitch + k + 2 * fc;
+          for (int mt = 0; mt < kMT; ++mt) {
+            const float* ap = as + (16 * kMT * wm + 16 * mt + fr) * kPitch + k + 2 * fc;
             const float2 lo_row = *reinterpret_cast<const float2*>(ap);
             const float2 hi_row = *reinterpret_cast<const float2*>(ap + 8 * kPitch);
             std::uint32_t ah[4], al[4];
@@ -272,12 +280,12 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
     float* out = s.scores + (si * g.hq + h) * g.nq * g.nk;
     if constexpr (TC) {
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {  // rows fr and fr + 8: two adjacent columns each
-            const std::int64_t qb = qb0 + 64 * wm + 16 * mt + fr + 8 * half;
+            const std::int64_t qb = qb0 + 16 * kMT * wm + 16 * mt + fr + 8 * half;
             const std::int64_t kb = kb0 + 32 * wn + 8 * nt + 2 * fc;
             const float x = acc[2 * mt + nt / 2][4 * (nt % 2) + 2 * half] * scale;
             const float y = acc[2 * mt + nt / 2][4 * (nt % 2) + 2 * half + 1] * scale;
@@ -306,24 +314,32 @@ __global__ void __launch_bounds__(kThreads) scores_stage_kernel(Geometry g, floa
   }
 }
 
-// SPARGE_BLOCKMAP_SCORES=fma (read per call): the 128 x 128 tile by fmaf chains (the default until
-// session 9) instead of the tensor cores; below sm_80 always.
-bool scores_tc() {
+// SPARGE_BLOCKMAP_SCORES (read per call): unset, the 128 x 128 tile on the tensor cores with 8 warps;
+// `tc16` with 16 warps (opt-in, same bits); `fma` by fmaf chains (the default until session 9). Below
+// sm_80 always fma.
+enum class ScoresKind { kFma, kTc, kTc16 };
+ScoresKind scores_kind() {
+  if (device_major() < 8) return ScoresKind::kFma;
   const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
-  return !(v != nullptr && std::strcmp(v, "fma") == 0) && device_major() >= 8;
+  if (v != nullptr && std::strcmp(v, "fma") == 0) return ScoresKind::kFma;
+  if (v != nullptr && std::strcmp(v, "tc16") == 0) return ScoresKind::kTc16;
+  return ScoresKind::kTc;
 }
 
 cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + BM - 1) / BM) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
-  const auto go = [&](auto kernel, std::size_t smem) {
+  const auto go = [&](auto kernel, int threads, std::size_t smem) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
     const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-    return launch_maybe_pdl(kernel, grid, kThreads, smem, st, pdl_enabled(), g, scale, s);
+    return launch_maybe_pdl(kernel, grid, threads, smem, st, pdl_enabled(), g, scale, s);
   };
-  return scores_tc() ? go(scores_stage_kernel<true>, stage_smem_bytes(true))
-                     : go(scores_stage_kernel<false>, stage_smem_bytes(false));
+  switch (scores_kind()) {
+    case ScoresKind::kTc16: return go(scores_stage_kernel<true, 16>, 512, stage_smem_bytes(true));
+    case ScoresKind::kTc: return go(scores_stage_kernel<true>, kThreads, stage_smem_bytes(true));
+    default: return go(scores_stage_kernel<false>, kThreads, stage_smem_bytes(false));
+  }
 }
 
 template <int TILE>
@@ -359,8 +375,13 @@ int device_major() {
 const char* scores_variant(const Geometry& g) {
   const std::int64_t m = g.nq < g.nk ? g.nq : g.nk;
   const bool pdl = pdl_enabled();
-  if (m >= 128 && scores_tc()) return pdl ? "tc128+pdl" : "tc128";
-  if (m >= 128) return pdl ? "stage128+pdl" : "stage128";
+  if (m >= 128) {
+    switch (scores_kind()) {
+      case ScoresKind::kTc16: return pdl ? "tc128x16w+pdl" : "tc128x16w";
+      case ScoresKind::kTc: return pdl ? "tc128+pdl" : "tc128";
+      default: return pdl ? "stage128+pdl" : "stage128";
+    }
+  }
   if (m >= 64) return pdl ? "tile64+pdl" : "tile64";
   if (m >= 32) return pdl ? "tile32+pdl" : "tile32";
   return pdl ? "tile16+pdl" : "tile16";
