@@ -376,7 +376,6 @@ Status run_cpu(const Problem& p, CpuResult& r) {
 
 float per_head(const std::vector<float>& v, std::int64_t h) { return v.size() == 1 ? v[0] : v[static_cast<size_t>(h)]; }
 
-// Empty when the CPU's selection has no near-tie (see the top of the file), else why not.
 // The GPU's fp32 rounding of a row's scores, bounded from the magnitudes it works with. A score is
 // scale * pq . (pk - m) (pq, pk: pooled Q and K blocks; m: the K mean, 0 without smoothing), each
 // pooled value and the mean a serial fp32 sum of up to 256 rows. So every dimension carries a
@@ -441,10 +440,11 @@ std::vector<double> score_rounding(const Problem& p) {
   return out;
 }
 
-std::string near_tie(const Problem& p, const CpuResult& r) {
+// Empty when the CPU's selection has no near-tie (see the top of the file), else why not.
+// rounding: score_rounding(p).
+std::string near_tie(const Problem& p, const CpuResult& r, const std::vector<double>& rounding) {
   const Cfg& c = p.c;
   const double kTol = 1e-4;
-  const std::vector<double> rounding = score_rounding(p);
   const bool exact_ties_ok = c.pattern == Pattern::dup || c.pattern == Pattern::same;
   const std::int64_t group = c.hq / c.hk;
   std::vector<std::pair<float, std::int64_t>> ranked;
@@ -568,7 +568,8 @@ std::string row_text(const std::int32_t* v, std::int64_t n, std::int64_t stride)
   return os.str();
 }
 
-void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
+// rounding: score_rounding(p).
+void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu, const std::vector<double>& rounding) {
   const Cfg& c = p.c;
   // lut / counts: exactly, padding included (both sides keep the poison there).
   int reported = 0;
@@ -618,7 +619,6 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
       break;
     }
   }
-  const std::vector<double> rounding = score_rounding(p);
   for (std::int64_t row = 0; row < p.nseq * c.hq * p.nq; ++row) {
     double big = 0.0;
     for (std::int64_t kb = 0; kb < p.nk; ++kb) {
@@ -644,8 +644,9 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu) {
 // The run-time switches (docs/block_map_gpu.md) give the same bits as the default run: the K mean
 // folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
 // grids, ticket-ordered items, the scores and the selection launched without PDL
-// (SPARGE_BLOCKMAP_PDL=0), the pooling launches in a PDL chain too (SPARGE_BLOCKMAP_PDL=2) and the
-// bit search of the warp top-k (SPARGE_BLOCKMAP_SELECT=bits), alone and combined.
+// (SPARGE_BLOCKMAP_PDL=0), the pooling launches in a PDL chain too (SPARGE_BLOCKMAP_PDL=2), the
+// bit search of the warp top-k (SPARGE_BLOCKMAP_SELECT=bits) and the 16-warp tensor-core scores
+// tile (SPARGE_BLOCKMAP_SCORES=tc16), alone and combined.
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
     const char* kmean = nullptr;
@@ -699,6 +700,7 @@ void run_case(const Cfg& c, const std::string& name) {
   constexpr int kTries = 20;
   Problem p;
   CpuResult cpu;
+  std::vector<double> rounding;  // score_rounding of the drawn problem
   std::string why;
   int redraws = 0;
   for (int attempt = 0; attempt < kTries; ++attempt) {
@@ -706,7 +708,8 @@ void run_case(const Cfg& c, const std::string& name) {
     p = make_problem(c, rng);
     const Status st = run_cpu(p, cpu);
     ASSERT_TRUE(st.ok()) << "cpu backend: " << st.message();
-    why = near_tie(p, cpu);
+    rounding = score_rounding(p);
+    why = near_tie(p, cpu, rounding);
     if (why.empty()) break;
     ++redraws;
   }
@@ -717,7 +720,7 @@ void run_case(const Cfg& c, const std::string& name) {
   GpuResult first;
   run_gpu(p, first);
   if (testing::Test::HasFatalFailure()) return;
-  compare(p, cpu, first);
+  compare(p, cpu, first, rounding);
   if (c.switches) check_switches(p, first);
   if (c.determinism) {
     for (int rep = 0; rep < 3; ++rep) {

@@ -278,12 +278,14 @@ Status build_block_map(const BlockMapParams& p) {
   StageTimer timer(stream);
   const Rows q = rows_of(p.q), k = rows_of(p.k);
   // The pooling ring loads by TMA where it can (the default; sm_90+, power-of-two head dims, 16-byte
-  // rows, no fp8 outputs, maps the driver accepts); elsewhere the cp.async ring runs (same bits).
+  // rows, no fp8 outputs, whose passes take the fp8 ring kernel, maps the driver accepts); elsewhere
+  // the cp.async ring runs (same bits). Only maps that a pass will use are encoded.
   TmaMaps maps;
   const TmaMaps* tma = nullptr;
-  if (pool_tma_asked() && pool_tma_rows(g.d) > 0 && q.vec && k.vec && device_major() >= 9 &&
-      sparge::cuda::attn::sm90::encode_rows_map(&maps.q, p.q, pool_tma_rows(g.d)) &&
-      sparge::cuda::attn::sm90::encode_rows_map(&maps.k, p.k, pool_tma_rows(g.d))) {
+  const int tma_rows = pool_tma_rows(g.d);
+  if (pool_tma_asked() && fp8.q8 == nullptr && tma_rows > 0 && q.vec && k.vec && device_major() >= 9 &&
+      sparge::cuda::attn::sm90::encode_rows_map(&maps.q, p.q, tma_rows) &&
+      sparge::cuda::attn::sm90::encode_rows_map(&maps.k, p.k, tma_rows)) {
     tma = &maps;
   }
   phase = "the pooling (K mean, Q and K blocks)";
@@ -306,7 +308,7 @@ Status build_block_map(const BlockMapParams& p) {
     (void)cudaGetLastError();
     return runtime_error(detail::cat(kOp, ": cudaFreeAsync of the scratch failed: ", cudaGetErrorString(e)));
   }
-  timer.print(g, pool_variant_name(tma != nullptr && fp8.q8 == nullptr), scores_variant(g), select_variant(g.nk));
+  timer.print(g, pool_variant_name(tma != nullptr), scores_variant(g), select_variant(g.nk));
   return {};
 }
 

@@ -114,8 +114,9 @@ struct Fp8Out {
 // folded into the first, after a memset of s.k_done) or three (pool.cu).
 // With fp8.q8 set, pass 1's Q items also write the fp8 recipe's Q, and the K pooling items (pass
 // 2, or pass 1 without smooth) its K (the K mean is s.k_mean: the caller points it at its output).
-// The TMA maps of q and k for SPARGE_BLOCKMAP_POOL=tma (boxes of whole rows, pool_tma_rows(d) rows),
-// encoded by the host entry when the variant is asked for and the device and layout allow it.
+// The TMA maps of q and k for the TMA pooling ring (boxes of whole rows, pool_tma_rows(d) rows),
+// encoded by the host entry when the ring is asked for (the default), no fp8 outputs are, and the
+// device and layout allow it; launch_pooling runs the cp.async ring without them.
 struct TmaMaps {
   CUtensorMap q, k;
 };
@@ -132,7 +133,7 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
 // them: the chunk sums of g's K rows into s.k_part (s.nchunks chunks); the mean from s.k_part into
 // s.k_mean; the pooling of Q (is_k = false) or of K shifted by `shift` ([nseq, hk, D], or null).
 // Which pooling kernel variant ran (names it in profiles; SPARGE_BLOCKMAP_POOL); tma_ran: the
-// launch had TMA maps and no fp8 outputs (else the TMA variant ran as async3).
+// launch had TMA maps (else the TMA variant ran as async3).
 const char* pool_variant_name(bool tma_ran);
 cudaError_t launch_k_chunk_sums(const Geometry& g, const Rows& k, bool bf16, const Scratch& s, cudaStream_t st);
 // pdl: launched as a programmatic dependent of pass 1, and letting pass 2 start early (the PDL chain).

@@ -108,8 +108,9 @@ struct PassArgs {
   // warp that finishes early takes the next one (the grid is the resident CTAs). Null: warp w takes
   // items w, w + grid warps, ...
   unsigned long long* ticket = nullptr;
-  // SPARGE_BLOCKMAP_POOL=tma: the ring kernel loads by TMA, through the map of each segment's tensor
-  // (boxes of one ring batch of rows; launch_pooling sets both, for power-of-two head dims only).
+  // The TMA ring (the default where the host entry could encode the maps): the ring kernel loads by
+  // TMA, through the map of each segment's tensor (boxes of one ring batch of rows; launch_pooling
+  // sets both, for power-of-two head dims only).
   bool use_tma = false;
   CUtensorMap tmap[2];
 };
@@ -151,7 +152,7 @@ struct TmaRing {
 // consume, row by row.
 // F8: the kernel may be asked for the fp8 recipe's outputs (sg.f8); false leaves their code out (the
 // ring kernel runs without it when no segment has them).
-// TMA (SPARGE_BLOCKMAP_POOL=tma, opt-in, sm_90; STAGES > 0 and D = 8 * LANES): a batch of the ring is
+// TMA (the default since session 9, sm_90; STAGES > 0 and D = 8 * LANES): a batch of the ring is
 // one TMA box of the batch's rows (lane 0 issues it on the stage's barrier, every lane waits for the
 // barrier's phase), which lands in the same slot order as the lanes' own copies: row r, columns
 // 8 sub .. 8 sub + 7 at slot (r % (32 / LANES)) * LANES + sub of step r / (32 / LANES). Rows past the
@@ -717,8 +718,8 @@ __global__ void __launch_bounds__(kPoolThreads) k_mean_kernel(Geometry g, Scratc
 //     rounds 4-5, 1-2% better in round 7;
 //   async3 (the default of sessions 5 to 8, and where TMA does not apply): the loads go through a
 //     per-warp cp.async ring of 3 batches (two ahead of the one being added up), 2 CTAs per SM,
-//     96 KB of dynamic shared memory per CTA. H200, b2 h32 s16384 d128 128x64: pool Q + K sums 0.1425 ms, pool K 0.0838
-//     (base3: 0.158 / 0.092);
+//     96 KB of dynamic shared memory per CTA. H200, b2 h32 s16384 d128 128x64: pool Q + K sums
+//     0.1425 ms, pool K 0.0838 (base3: 0.158 / 0.092);
 //   base3: loads into registers and adds in turn, 3 CTAs per SM (the default of 2026-11-29 to
 //     session 4, ~100 bytes of register spills per thread). Kept as the path of devices whose
 //     CTAs cannot have the ring's shared memory (async3 falls back to it) and as the reference

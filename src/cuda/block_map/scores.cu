@@ -10,8 +10,8 @@
 // TF32 products per element pair, x = hi + lo with hi a TF32 value (x's top 19 bits) and lo = x - hi,
 // and a.b ~ a_lo.b_hi + a_hi.b_lo + a_hi.b_hi accumulated in fp32 (the dropped a_lo.b_lo and lo's own
 // truncation to TF32 are near 2^-21 relative): fp32-level rounding, within the tolerances that the
-// selection's near-tie rule assumes (docs/semantics.md). Every other path, and the 128 x 128 tile with SPARGE_BLOCKMAP_SCORES=fma, takes one fmaf
-// chain over d = 0 .. D-1 in order. Either way every element of a call is computed by the same
+// selection's near-tie rule assumes (docs/semantics.md). Every other path, and the 128 x 128 tile
+// with SPARGE_BLOCKMAP_SCORES=fma, takes one fmaf chain over d = 0 .. D-1 in order. Either way every element of a call is computed by the same
 // instructions from its own row and column, so equal pooled K rows give bit-equal scores (exact
 // ties stay exact ties) and the result is the same on every run.
 #include <cstdlib>
