@@ -27,7 +27,7 @@ struct Geometry {
   std::int64_t nseq = 0, hq = 0, hk = 0, d = 0;
   std::int64_t sq = 0, sk = 0;  // rows per sequence; with varlen the max_seqlen values
   std::int64_t nq = 0, nk = 0;  // blocks per sequence row of the LUT
-  int blkq = 64, blkk = 64;
+  int blkq = 64, blkk = 64;  // 64 or 128 (the callers validate it): the device code divides by shifts
   bool causal = false;
   const std::int32_t* cu_q = nullptr;  // device memory; null without varlen
   const std::int32_t* cu_k = nullptr;
@@ -172,15 +172,17 @@ __device__ __forceinline__ Seq sequence(const Geometry& g, std::int64_t s) {
 
 // Key blocks [0, NV) are visible to query block qb (a prefix); 0 past the sequence's end. Causal
 // masking is bottom-right aligned: the block's last row i sees keys j <= i + Sk - Sq.
+// The block sizes are powers of two (64 or 128, checked on the host), so the divisions are shifts.
 __device__ __forceinline__ std::int64_t visible_blocks(const Geometry& g, const Seq& seq, std::int64_t qb) {
   const std::int64_t q0 = qb * g.blkq;
   if (q0 >= seq.q_len) return 0;
-  const std::int64_t nk = (seq.k_len + g.blkk - 1) / g.blkk;
+  const int shift_k = __ffs(g.blkk) - 1;
+  const std::int64_t nk = (seq.k_len + g.blkk - 1) >> shift_k;
   if (!g.causal) return nk;
   const std::int64_t last_row = (q0 + g.blkq < seq.q_len ? q0 + g.blkq : seq.q_len) - 1;
   const std::int64_t last_key = last_row + seq.k_len - seq.q_len;
   if (last_key < 0) return 0;
-  const std::int64_t v = last_key / g.blkk + 1;
+  const std::int64_t v = (last_key >> shift_k) + 1;
   return v < nk ? v : nk;
 }
 

@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(Geometry g, float scal
 // hi keeps x's top 19 bits (a TF32 value: sign, exponent, 10 mantissa bits) and lo = x - hi is exact;
 // the tensor core reads lo's top 19 bits too (so lo is rounded toward zero, 2^-21 relative to x at
 // most, as small as the dropped lo . lo).
-__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
-  hi = __float_as_uint(x) & 0xffffe000u;
+__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo, std::uint32_t mask) {
+  hi = __float_as_uint(x) & mask;
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
 // c (4 consecutive floats of the accumulator) += a . b, one m16n8k8 TF32 tile.
@@ -118,6 +118,7 @@ __device__ __forceinline__ void mma_tf32(float* c, const std::uint32_t (&a)[4], 
 // a time: per row of A one float4, per column of B one float4, then the 4 fmaf steps in column
 // order. Every score is the same fmaf chain over d = 0 .. D-1 as in scores_kernel, so the same bits.
 constexpr int kBig = 128;
+constexpr std::uint32_t kTf32HiMask = 0xffffe000u;  // sign, exponent and 10 mantissa bits
 constexpr int kStageCols = 32;
 constexpr int kStagePitch = kStageCols + 4;
 constexpr int kStages = 2;
@@ -149,7 +150,8 @@ constexpr std::size_t stage_smem_bytes(bool tc) {
 // that 4 warps per scheduler hide the mma and shared-memory latencies that bound the 8-warp tile.
 // Every element takes the same mma sequence over k as with 8 warps: the same bits.
 template <bool TC, int WARPS = 8>
-__global__ void __launch_bounds__(32 * WARPS) scores_stage_kernel(Geometry g, float scale, Scratch s) {
+__global__ void __launch_bounds__(32 * WARPS, TC && WARPS == 8 ? 2 : 1)
+    scores_stage_kernel(Geometry g, float scale, Scratch s, std::uint32_t tf32_hi_mask) {
   static_assert(WARPS == 8 || (TC && WARPS == 16), "the fmaf tile is laid out for 8 warps");
   constexpr int kNT = 32 * WARPS;
   constexpr int kMT = WARPS == 16 ? 2 : 4;  // TC: m16 fragments per warp (rows 16 kMT per warp)
@@ -167,39 +169,53 @@ __global__ void __launch_bounds__(32 * WARPS) scores_stage_kernel(Geometry g, fl
   const std::int64_t tiles_q = (g.nq + BM - 1) / BM, tiles_k = (g.nk + kBig - 1) / kBig;
   const std::int64_t total = g.nseq * g.hq * tiles_q * tiles_k;
   const std::int64_t group = g.hq / g.hk;
+  const bool small = total < (std::int64_t{1} << 31) && g.hq < (std::int64_t{1} << 31);
   const int d = static_cast<int>(g.d);
   const int chunks = (d + kStageCols - 1) / kStageCols;
+  // The copies of a chunk: thread tid takes the 16-byte piece at column kCol of rows kRow0 + kRowStep u
+  // (of A: u < kCopies; of B likewise), the same column and rows in every chunk.
+  constexpr int kPerRow = kStageCols / 4;
+  constexpr int kRowStep = kNT / kPerRow;
+  constexpr int kCopies = BM / kRowStep;
+  static_assert(BM == kBig && BM % kRowStep == 0, "the copy pattern assumes square tiles");
+  const int kRow0 = tid / kPerRow, kCol = (tid % kPerRow) * 4;
   for (std::int64_t w = blockIdx.x; w < total; w += gridDim.x) {
-    const std::int64_t tk = w % tiles_k, tq = (w / tiles_k) % tiles_q;
-    const std::int64_t h = (w / (tiles_k * tiles_q)) % g.hq, si = w / (tiles_k * tiles_q * g.hq);
+    std::int64_t tk, tq, h, si;
+    if (small) {  // 32-bit divisions (the general ones are 64-bit)
+      const auto uw = static_cast<std::uint32_t>(w), utk = static_cast<std::uint32_t>(tiles_k);
+      const auto utq = static_cast<std::uint32_t>(tiles_q), uhq = static_cast<std::uint32_t>(g.hq);
+      const std::uint32_t a = uw / utk, b = a / utq;
+      tk = uw - a * utk, tq = a - b * utq, h = b % uhq, si = b / uhq;
+    } else {
+      tk = w % tiles_k, tq = (w / tiles_k) % tiles_q;
+      h = (w / (tiles_k * tiles_q)) % g.hq, si = w / (tiles_k * tiles_q * g.hq);
+    }
     const std::int64_t qb0 = tq * BM, kb0 = tk * kBig;
     const Seq seq = sequence(g, si);
     const std::int64_t nq_seq = (seq.q_len + g.blkq - 1) / g.blkq;
     const std::int64_t qb_hi = (qb0 + BM < nq_seq ? qb0 + BM : nq_seq) - 1;
     if (qb_hi < qb0 || kb0 >= visible_blocks(g, seq, qb_hi)) continue;  // uniform over the CTA
 
-    const float* pa = s.pq + ((si * g.hq + h) * g.nq + qb0) * g.d;
-    const float* pb = s.pk + ((si * g.hk + h / group) * g.nk + kb0) * g.d;
-    // Chunk c into buffer c % kStages: BM (A) and kBig (B) rows x (kStageCols / 4) 16-byte
-    // pieces. Rows past NQ / NK and columns past D are not read (zeros; never stored / never used).
+    // Rows past NQ / NK and columns past D are not read (zeros; never stored / never used).
+    const float* pa = s.pq + ((si * g.hq + h) * g.nq + qb0 + kRow0) * g.d + kCol;
+    const float* pb = s.pk + ((si * g.hk + h / group) * g.nk + kb0 + kRow0) * g.d + kCol;
+    const int rows_a = static_cast<int>(g.nq - qb0 < BM ? g.nq - qb0 : BM);
+    const int rows_b = static_cast<int>(g.nk - kb0 < kBig ? g.nk - kb0 : kBig);
+    // Chunk c into buffer c % kStages.
     const auto issue = [&](int c) {
       const int c0 = c * kStageCols;
-      float* da = tile(c % kStages, 0);
-      float* db = tile(c % kStages, 1);
-      constexpr int kPerRow = kStageCols / 4;
+      const bool col_ok = c0 + kCol < d;
+      float* da = tile(c % kStages, 0) + kRow0 * kPitch + kCol;
+      float* db = tile(c % kStages, 1) + kRow0 * kPitch + kCol;
 #pragma unroll
-      for (int u = 0; u < BM * kPerRow / kNT; ++u) {
-        const int p = tid + u * kNT;
-        const int r = p / kPerRow, col = (p % kPerRow) * 4;
-        const bool a_ok = c0 + col < d && qb0 + r < g.nq;
-        cp_async16(da + r * kPitch + col, a_ok ? pa + r * g.d + c0 + col : s.pq, a_ok);
+      for (int u = 0; u < kCopies; ++u) {
+        const bool a_ok = col_ok && kRow0 + kRowStep * u < rows_a;
+        cp_async16(da + kRowStep * u * kPitch, a_ok ? pa + kRowStep * u * d + c0 : s.pq, a_ok);
       }
 #pragma unroll
-      for (int u = 0; u < kBig * kPerRow / kNT; ++u) {
-        const int p = tid + u * kNT;
-        const int r = p / kPerRow, col = (p % kPerRow) * 4;
-        const bool b_ok = c0 + col < d && kb0 + r < g.nk;
-        cp_async16(db + r * kPitch + col, b_ok ? pb + r * g.d + c0 + col : s.pk, b_ok);
+      for (int u = 0; u < kCopies; ++u) {
+        const bool b_ok = col_ok && kRow0 + kRowStep * u < rows_b;
+        cp_async16(db + kRowStep * u * kPitch, b_ok ? pb + kRowStep * u * d + c0 : s.pk, b_ok);
       }
       cp_async_commit();
     };
@@ -230,8 +246,8 @@ __global__ void __launch_bounds__(32 * WARPS) scores_stage_kernel(Geometry g, fl
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) {
             const float2 b2 = *reinterpret_cast<const float2*>(bs + (32 * wn + 8 * nt + fr) * kPitch + k + 2 * fc);
-            split_tf32(b2.x, bh[nt][0], bl[nt][0]);
-            split_tf32(b2.y, bh[nt][1], bl[nt][1]);
+            split_tf32(b2.x, bh[nt][0], bl[nt][0], kTf32HiMask);
+            split_tf32(b2.y, bh[nt][1], bl[nt][1], kTf32HiMask);
           }
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
@@ -239,10 +255,13 @@ __global__ void __launch_bounds__(32 * WARPS) scores_stage_kernel(Geometry g, fl
             const float2 lo_row = *reinterpret_cast<const float2*>(ap);
             const float2 hi_row = *reinterpret_cast<const float2*>(ap + 8 * kPitch);
             std::uint32_t ah[4], al[4];
-            split_tf32(lo_row.x, ah[0], al[0]);
-            split_tf32(hi_row.x, ah[1], al[1]);
-            split_tf32(lo_row.y, ah[2], al[2]);
-            split_tf32(hi_row.y, ah[3], al[3]);
+            // The mask from a kernel argument: with the constant, ptxas feeds the raw values to the
+            // mma as their high parts (it truncates them itself) and then moves them into the
+            // fragment's register order, up to 70 moves per k-step (session 10 ncu source counters).
+            split_tf32(lo_row.x, ah[0], al[0], tf32_hi_mask);
+            split_tf32(hi_row.x, ah[1], al[1], tf32_hi_mask);
+            split_tf32(lo_row.y, ah[2], al[2], tf32_hi_mask);
+            split_tf32(hi_row.y, ah[3], al[3], tf32_hi_mask);
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
               float* cc = &acc[2 * mt + nt / 2][4 * (nt % 2)];
@@ -277,24 +296,30 @@ __global__ void __launch_bounds__(32 * WARPS) scores_stage_kernel(Geometry g, fl
       __syncthreads();  // buffer c % kStages is read by everyone before chunk c + kStages overwrites it
       if (c + kStages < chunks) issue(c + kStages);
     }
-    float* out = s.scores + (si * g.hq + h) * g.nq * g.nk;
+    float* out = s.scores + ((si * g.hq + h) * g.nq + qb0) * g.nk + kb0;
     if constexpr (TC) {
+      // A whole tile with an even row pitch stores 8-byte pairs with no tests.
+      const bool whole = rows_a == BM && rows_b == kBig && (g.nk & 1) == 0;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
+        for (int half = 0; half < 2; ++half) {  // rows fr and fr + 8: two adjacent columns each
+          const int r = 16 * kMT * wm + 16 * mt + fr + 8 * half;
+          float* orow = out + r * g.nk + 32 * wn + 2 * fc;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {  // rows fr and fr + 8: two adjacent columns each
-            const std::int64_t qb = qb0 + 16 * kMT * wm + 16 * mt + fr + 8 * half;
-            const std::int64_t kb = kb0 + 32 * wn + 8 * nt + 2 * fc;
+          for (int nt = 0; nt < 4; ++nt) {
+            const int col = 32 * wn + 8 * nt + 2 * fc;
             const float x = acc[2 * mt + nt / 2][4 * (nt % 2) + 2 * half] * scale;
             const float y = acc[2 * mt + nt / 2][4 * (nt % 2) + 2 * half + 1] * scale;
-            if (qb >= g.nq || kb >= g.nk) continue;
-            if ((g.nk & 1) == 0 && kb + 1 < g.nk) {  // 8-byte aligned: even row pitch, even column
-              *reinterpret_cast<float2*>(out + qb * g.nk + kb) = make_float2(x, y);
-            } else {
-              out[qb * g.nk + kb] = x;
-              if (kb + 1 < g.nk) out[qb * g.nk + kb + 1] = y;
+            if (whole) {
+              *reinterpret_cast<float2*>(orow + 8 * nt) = make_float2(x, y);
+            } else if (r < rows_a && col < rows_b) {
+              if ((g.nk & 1) == 0 && col + 1 < rows_b) {  // 8-byte aligned: even row pitch, even column
+                *reinterpret_cast<float2*>(orow + 8 * nt) = make_float2(x, y);
+              } else {
+                orow[8 * nt] = x;
+                if (col + 1 < rows_b) orow[8 * nt + 1] = y;
+              }
             }
           }
         }
@@ -302,12 +327,12 @@ __global__ void __launch_bounds__(32 * WARPS) scores_stage_kernel(Geometry g, fl
     } else {
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
-        const std::int64_t qb = qb0 + ty + 16 * i;
-        if (qb >= g.nq) continue;
+        const int r = ty + 16 * i;
+        if (r >= rows_a) continue;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const std::int64_t kb = kb0 + tx + 16 * j;
-          if (kb < g.nk) out[qb * g.nk + kb] = acc[i][j] * scale;
+          const int col = tx + 16 * j;
+          if (col < rows_b) out[r * g.nk + col] = acc[i][j] * scale;
         }
       }
     }
@@ -333,7 +358,7 @@ cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaS
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
     const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-    return launch_maybe_pdl(kernel, grid, threads, smem, st, pdl_enabled(), g, scale, s);
+    return launch_maybe_pdl(kernel, grid, threads, smem, st, pdl_enabled(), g, scale, s, kTf32HiMask);
   };
   switch (scores_kind()) {
     case ScoresKind::kTc16: return go(scores_stage_kernel<true, 16>, 512, stage_smem_bytes(true));

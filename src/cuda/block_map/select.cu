@@ -26,6 +26,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <climits>
+#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 
@@ -39,12 +40,33 @@ namespace {
 constexpr std::int64_t kMaxGrid = std::int64_t{1} << 30;
 constexpr std::size_t kDefaultSmem = 48 * 1024;
 
+// n / d for a fixed divisor d >= 1 and any n < 2^31 by a multiply and a shift (the round-up
+// reciprocal method of Granlund and Montgomery): with l = ceil(log2 d) and
+// m = floor(2^32 (2^l - d) / d) + 1 < 2^32, n / d = (umulhi(m, n) + n) >> l (no overflow for n < 2^31).
+struct FastDiv {
+  std::uint32_t d = 1, m = 1;
+  int l = 0;
+  FastDiv() = default;
+  explicit FastDiv(std::uint32_t divisor) : d(divisor) {
+    while ((std::uint64_t{1} << l) < divisor) ++l;
+    m = static_cast<std::uint32_t>(((std::uint64_t{1} << 32) * ((std::uint64_t{1} << l) - divisor)) / divisor + 1);
+  }
+  __device__ __forceinline__ std::uint32_t div(std::uint32_t n) const { return (__umulhi(m, n) + n) >> l; }
+};
+
 struct SelectArgs {
   Geometry g;
   SelectRule rule;
   Scratch s;
   Out<std::int32_t> lut, counts;
   Out<float> maybe_scores;
+  // The warp kernel's row decoding when every row index and head fits in 31 bits (small): NQ, HQ
+  // and HQ / HK as fast divisors.
+  bool small = false;
+  FastDiv by_nq, by_hq, by_group;
+  // LUT rows that the warp kernel may write as 16-byte vectors: unit inner stride, NK a multiple of
+  // 4, every row start 16-byte aligned.
+  bool lut_vec = false;
 };
 
 constexpr int log2_exact(int v) { return v <= 1 ? 0 : 1 + log2_exact(v / 2); }
@@ -352,11 +374,13 @@ __device__ __forceinline__ std::uint32_t nth_by_pivot(const std::uint32_t (&w)[I
     } else {
       slow = 0;
     }
-    std::uint32_t above = ~0u;
+    // The smallest w >= g as g + min(w - g) (unsigned: a w below g wraps above every w >= g); it
+    // is the smallest w in [g, B] unless it lies outside [g, B] (then nothing is in there).
+    std::uint32_t off = ~0u;
 #pragma unroll
-    for (int i = 0; i < IPT; ++i) above = w[i] >= g && w[i] <= B && w[i] < above ? w[i] : above;
-    std::uint32_t p = __reduce_min_sync(0xffffffffu, above);
-    if (p == ~0u) {  // nothing in [g, B]: the largest w in [A, g) (one exists, as cA < n <= cB)
+    for (int i = 0; i < IPT; ++i) off = min(off, w[i] - g);
+    std::uint32_t p = g + __reduce_min_sync(0xffffffffu, off);
+    if (p < g || p > B) {  // nothing in [g, B]: the largest w in [A, g) (one exists, as cA < n <= cB)
       std::uint32_t under = 0;
 #pragma unroll
       for (int i = 0; i < IPT; ++i) under = w[i] >= A && w[i] < g && w[i] > under ? w[i] : under;
@@ -509,30 +533,29 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
 // may alias), then select_by_search, then the LUT row from ballots. No block barriers, 4 rows per
 // 128-thread CTA. The row index is decoded with 32-bit divisions when the row count allows.
 template <int IPT, TopK KIND>
-__global__ void __launch_bounds__(32 * kRowWarps) select_row_kernel(const __grid_constant__ SelectArgs a, bool small) {
+__global__ void __launch_bounds__(32 * kRowWarps, 8) select_row_kernel(const __grid_constant__ SelectArgs a) {
   pdl_wait();  // the scores and sims of the launches before (a no-op without PDL)
   const Geometry& g = a.g;
   const int lane = static_cast<int>(threadIdx.x % 32), wid = static_cast<int>(threadIdx.x / 32);
   const std::int64_t total = g.nseq * g.hq * g.nq;
-  const std::int64_t group = g.hq / g.hk;
   const bool has_threshold = a.rule.has_threshold;
-  const unsigned lanes_below = (1u << lane) - 1u;
+  // The LUT row of the warp in shared memory before its 16-byte stores (lut_vec).
+  __shared__ __align__(16) std::int32_t staged[kRowWarps][32 * IPT + 32];  // + a slot per lane for dropped items
   for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + wid; row < total;
        row += static_cast<std::int64_t>(gridDim.x) * kRowWarps) {
-    std::int64_t qb, h, si;
-    if (small) {  // every row index fits in 31 bits
-      const auto ur = static_cast<std::uint32_t>(row), unq = static_cast<std::uint32_t>(g.nq);
-      const auto uhq = static_cast<std::uint32_t>(g.hq);
-      const std::uint32_t q = ur / unq;
-      qb = ur - q * unq, h = q % uhq, si = q / uhq;
+    std::int64_t qb, h, si, hk;
+    if (a.small) {  // every row index fits in 31 bits: multiplies instead of divisions
+      const auto ur = static_cast<std::uint32_t>(row);
+      const std::uint32_t q = a.by_nq.div(ur), s = a.by_hq.div(q), uh = q - s * a.by_hq.d;
+      qb = ur - q * a.by_nq.d, h = uh, si = s, hk = a.by_group.div(uh);
     } else {
-      qb = row % g.nq, h = (row / g.nq) % g.hq, si = row / (g.nq * g.hq);
+      qb = row % g.nq, h = (row / g.nq) % g.hq, si = row / (g.nq * g.hq), hk = h / (g.hq / g.hk);
     }
     const Seq seq = sequence(g, si);
     const int nv = static_cast<int>(visible_blocks(g, seq, qb));
     // ---- every load of the row, before any store ----------------------------------------------
     const float* scores = a.s.scores + row * g.nk;
-    const float* k_sim = a.s.k_sim + (si * g.hk + h / group) * g.nk;
+    const float* k_sim = a.s.k_sim + (si * g.hk + hk) * g.nk;
     float raw[IPT], ks[IPT];
 #pragma unroll
     for (int i = 0; i < IPT; ++i) {
@@ -561,8 +584,9 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_row_kernel(const __grid
       sc[i] = s;
       wk[i] = rank_me ? ~order_bits(s) : ~0u;
       keep[i] = kb < nv && (forced_row || forced_col || (a.rule.sink && kb == 0));
-      rankable += __popc(__ballot_sync(0xffffffffu, rank_me));
+      rankable += rank_me ? 1 : 0;
     }
+    rankable = static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(rankable)));
     if (!forced_row && rankable > 0) {  // uniform over the warp
       select_by_search<IPT, KIND>(wk, sc, lane, rankable, nv, a.rule.use_topk, value, keep);
     }
@@ -579,13 +603,58 @@ __global__ void __launch_bounds__(32 * kRowWarps) select_row_kernel(const __grid
     const Out<std::int32_t>& lut = a.lut;
     std::int32_t* lut_row = lut.data + si * lut.stride[0] + h * lut.stride[1] + qb * lut.stride[2];
     int count = 0;
+    if (a.lut_vec) {
+      // The kept blocks into the warp's staging row, then lane l stores slots [IPT l, IPT l + IPT)
+      // as IPT / 4 16-byte vectors (-1 past the count), the row's only global stores.
+      // Positions without a ballot per item: field i (8 bits) of x counts the lane's keep[i]; an
+      // inclusive warp scan of x gives each lane, per field, the kept items of the lanes up to it
+      // (at most 32: no carry between fields), the last lane's scan the field totals, and the
+      // byte-wise prefix of the totals (at most 7 x 32 < 256) where field i starts in the row.
+      using Fields = std::conditional_t<(IPT > 4), std::uint64_t, std::uint32_t>;
+      Fields x = 0;
 #pragma unroll
-    for (int i = 0; i < IPT; ++i) {
-      const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
-      if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
-      count += __popc(bal);
+      for (int i = 0; i < IPT; ++i) x |= static_cast<Fields>(keep[i] ? 1 : 0) << (8 * i);
+      Fields incl = x;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const Fields y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      const Fields totals = __shfl_sync(0xffffffffu, incl, 31);
+      const Fields starts = totals * (static_cast<Fields>(0x0101010101010101ull) << 8);  // field i: totals of fields < i
+      const Fields before = starts + incl - x;  // field i: the position of the lane's item i
+      // Every lane stores every item (no branch per item): a dropped one into the lane's own slot
+      // past the row.
+      std::int32_t* st = staged[wid];
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) {
+        st[keep[i] ? static_cast<int>((before >> (8 * i)) & 0xff) : 32 * IPT + lane] = lane + 32 * i;
+      }
+      count = static_cast<int>((starts >> (8 * (IPT - 1))) & 0xff) + static_cast<int>((totals >> (8 * (IPT - 1))) & 0xff);
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < IPT / 4; ++j) {
+        const int slot = IPT * lane + 4 * j;
+        if (slot < g.nk) {
+          int4 v = *reinterpret_cast<const int4*>(st + slot);
+          v.x = slot < count ? v.x : -1;
+          v.y = slot + 1 < count ? v.y : -1;
+          v.z = slot + 2 < count ? v.z : -1;
+          v.w = slot + 3 < count ? v.w : -1;
+          *reinterpret_cast<int4*>(lut_row + slot) = v;
+        }
+      }
+      __syncwarp();  // the staging row is rewritten by the warp's next row
+    } else {
+      const unsigned lanes_below = (1u << lane) - 1u;
+#pragma unroll
+      for (int i = 0; i < IPT; ++i) {
+        const unsigned bal = __ballot_sync(0xffffffffu, keep[i]);
+        if (keep[i]) lut_row[(count + __popc(bal & lanes_below)) * lut.stride[3]] = lane + 32 * i;
+        count += __popc(bal);
+      }
+      for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
     }
-    for (std::int64_t slot = count + lane; slot < g.nk; slot += 32) lut_row[slot * lut.stride[3]] = -1;
     if (lane == 0) a.counts.data[si * a.counts.stride[0] + h * a.counts.stride[1] + qb * a.counts.stride[2]] = count;
   }
 }
@@ -599,17 +668,25 @@ TopK topk_kind() {
 }
 
 template <int IPT>
-cudaError_t launch_warp(const SelectArgs& a, cudaStream_t st) {
+cudaError_t launch_warp(SelectArgs a, cudaStream_t st) {
   const std::int64_t rows = a.g.nseq * a.g.hq * a.g.nq;
   if (rows == 0) return cudaSuccess;
   const std::int64_t ctas = (rows + kRowWarps - 1) / kRowWarps;
   const int grid = static_cast<int>(ctas < kMaxGrid ? ctas : kMaxGrid);
-  const bool small = rows < (std::int64_t{1} << 31);
+  a.small = rows < (std::int64_t{1} << 31);  // every row index (and head) the kernel decodes
+  if (a.small) {
+    a.by_nq = FastDiv(static_cast<std::uint32_t>(a.g.nq));
+    a.by_hq = FastDiv(static_cast<std::uint32_t>(a.g.hq));
+    a.by_group = FastDiv(static_cast<std::uint32_t>(a.g.hq / a.g.hk));
+  }
+  const Out<std::int32_t>& lut = a.lut;
+  a.lut_vec = lut.stride[3] == 1 && a.g.nk % 4 == 0 && reinterpret_cast<std::uintptr_t>(lut.data) % 16 == 0 &&
+              lut.stride[0] % 4 == 0 && lut.stride[1] % 4 == 0 && lut.stride[2] % 4 == 0;
   const bool pdl = pdl_enabled();
   if (topk_kind() == TopK::kPivot) {
-    return launch_maybe_pdl(select_row_kernel<IPT, TopK::kPivot>, grid, 32 * kRowWarps, 0, st, pdl, a, small);
+    return launch_maybe_pdl(select_row_kernel<IPT, TopK::kPivot>, grid, 32 * kRowWarps, 0, st, pdl, a);
   }
-  return launch_maybe_pdl(select_row_kernel<IPT, TopK::kBits>, grid, 32 * kRowWarps, 0, st, pdl, a, small);
+  return launch_maybe_pdl(select_row_kernel<IPT, TopK::kBits>, grid, 32 * kRowWarps, 0, st, pdl, a);
 }
 
 template <int NT, int IPT>
