@@ -12,16 +12,14 @@
 #     SPARGE_BLOCKMAP_PDL=2 (session 8, opt-in: the pooling launches in a PDL chain too; is the bench
 #     median below the default's? The switch cases in the suite check its bits) |
 #     SPARGE_BLOCKMAP_POOL=async3 (the cp.async ring, the default before session 9's TMA ring) |
-#     SPARGE_BLOCKMAP_SCORES=fma (the scores tile by fmaf chains, before session 9's tensor-core tile) |
-#     SPARGE_BLOCKMAP_SCORES=tc16 (session 9, opt-in, not yet run: the tensor-core tile with 16 warps; is its
-#     "scores" stage below the default's ~0.0195 ms?).
+#     SPARGE_BLOCKMAP_SCORES=fma (the scores tile by fmaf chains, before session 9's tensor-core tile).
 #  2. "== ncu": duration, SM throughput, occupancy and executed instructions of the scores kernel
 #     and select_row_kernel at 128 x 64.
 set -u
 B=${B:?set B to the build directory}
 T=$B/tests/sparge_gpu_tests
 echo "== timings"
-for v in X=0 SPARGE_BLOCKMAP_PDL=0 SPARGE_BLOCKMAP_SELECT=bits SPARGE_BLOCKMAP_PDL=2 SPARGE_BLOCKMAP_POOL=async3 SPARGE_BLOCKMAP_SCORES=fma SPARGE_BLOCKMAP_SCORES=tc16; do
+for v in X=0 SPARGE_BLOCKMAP_PDL=0 SPARGE_BLOCKMAP_SELECT=bits SPARGE_BLOCKMAP_PDL=2 SPARGE_BLOCKMAP_POOL=async3 SPARGE_BLOCKMAP_SCORES=fma; do
   echo "-- $v (profile on)"
   env $v SPARGE_BENCH=1 SPARGE_BLOCKMAP_BENCH_QUICK=1 SPARGE_BLOCKMAP_PROFILE=1 timeout 30 "$T" --filter=BLOCKMAP_GPU_BENCH 2>&1 |
     grep -E 'blkq128 blkk64|profile.*blkq 128 blkk 64' | tail -2

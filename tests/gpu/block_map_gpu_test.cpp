@@ -645,8 +645,7 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu, const
 // folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
 // grids, ticket-ordered items, the scores and the selection launched without PDL
 // (SPARGE_BLOCKMAP_PDL=0), the pooling launches in a PDL chain too (SPARGE_BLOCKMAP_PDL=2), the
-// bit search of the warp top-k (SPARGE_BLOCKMAP_SELECT=bits) and the 16-warp tensor-core scores
-// tile (SPARGE_BLOCKMAP_SCORES=tc16), alone and combined.
+// bit search of the warp top-k (SPARGE_BLOCKMAP_SELECT=bits), alone and combined.
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
     const char* kmean = nullptr;
@@ -656,12 +655,11 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* pdl = nullptr;
     const char* select = nullptr;
     const char* ticket = nullptr;
-    const char* scores = nullptr;
   };
   const char* const o = nullptr;  // unset
   // The default pooling is the ring loaded by TMA (where it applies); async3 the cp.async ring; base3
-  // the register path. PDL "2": the pooling launches in a PDL chain too. SCORES "tc16": the tensor-core
-  // scores tile with 16 warps (the same bits as the default 8; "fma" gives other bits and is not here).
+  // the register path. PDL "2": the pooling launches in a PDL chain too. (SCORES=fma gives other bits
+  // and is not here.)
   const Setting settings[] = {
       {"fold", o, o, o, o, o},          {o, "1", o, o, o, o},             {o, o, "base3", o, o, o},
       {"fold", "1", "base3", o, o, o},  {o, o, o, "1", o, o},             {o, "1", "base3", "1", o, o},
@@ -669,7 +667,7 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {"fold", o, o, "1", "0", "bits"}, {o, "1", o, o, o, o, "1"},        {"fold", o, "base3", o, o, o, "1"},
       {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, "2", o},             {"fold", "1", o, o, "2", o, "1"},
       {o, o, "base3", o, "2", "bits"},  {"fold", o, o, "1", "2", o},      {o, o, "async3", o, o, o},
-      {"fold", "1", "async3", "1", "2", o, "1"}, {o, o, o, o, o, o, o, "tc16"},  {o, o, "async3", o, "0", "bits", o, "tc16"}};
+      {"fold", "1", "async3", "1", "2", o, "1"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
@@ -677,14 +675,14 @@ void check_switches(const Problem& p, const GpuResult& first) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
         pool("SPARGE_BLOCKMAP_POOL", st.pool), persist("SPARGE_BLOCKMAP_PERSIST", st.persist),
         pdl("SPARGE_BLOCKMAP_PDL", st.pdl), select("SPARGE_BLOCKMAP_SELECT", st.select),
-        ticket("SPARGE_BLOCKMAP_TICKET", st.ticket), scores("SPARGE_BLOCKMAP_SCORES", st.scores);
+        ticket("SPARGE_BLOCKMAP_TICKET", st.ticket);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
                              " PERSIST=" + show(st.persist) + " PDL=" + show(st.pdl) +
-                             " SELECT=" + show(st.select) + " TICKET=" + show(st.ticket) + " SCORES=" + show(st.scores);
+                             " SELECT=" + show(st.select) + " TICKET=" + show(st.ticket);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))

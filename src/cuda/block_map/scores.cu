@@ -145,16 +145,19 @@ constexpr std::size_t stage_smem_bytes(bool tc) {
 // 0.0236 for the fmaf tile; ncu 22.1 us and 5.17 M instructions against 27.7 us and 11.2 M (160 registers,
 // 5.1 cycles per issued instruction: latency-bound at one CTA of 8 warps per SM). A first cut with
 // cvt.rna.tf32.f32 (~5 integer instructions each in SASS) and 4-byte fragment reads took 0.0284 ms.
-// WARPS = 16 (TC only; SPARGE_BLOCKMAP_SCORES=tc16, opt-in, session 9, not yet run on a GPU): 512
-// threads, warp w owning rows 32 (w / 4) .. + 31 and columns 32 (w % 4) .. + 31 (2 x 4 fragments), so
-// that 4 warps per scheduler hide the mma and shared-memory latencies that bound the 8-warp tile.
-// Every element takes the same mma sequence over k as with 8 warps: the same bits.
-template <bool TC, int WARPS = 8>
-__global__ void __launch_bounds__(32 * WARPS, TC && WARPS == 8 ? 2 : 1)
+// Session 10 (ncu source counters, r1 -> r3): the A fragments' mask as a kernel argument (with the
+// constant, ptxas fed the raw values to the mma as their high parts and moved them into the
+// fragment's register order, ~70 moves per k-step), the copies' addresses hoisted out of the chunk
+// loop, and whole tiles stored without tests: 5.17 M -> 2.98 M instructions, 22.2 -> 20.3 us (ncu),
+// the scores stage 0.0193 -> 0.0178 ms. Two CTAs per SM (128 registers; 44 bytes of spills in the
+// tile decode, none in the loop) put 256 tiles in one wave: 64 x 64 LUTs 0.0296 -> 0.0266 ms. A
+// 16-warp tile (SPARGE_BLOCKMAP_SCORES=tc16, session 9) was no faster (r1, r2) and is deleted.
+// The fmaf tile states no CTA count (0): with 1, ptxas takes 160 registers instead of 212.
+template <bool TC>
+__global__ void __launch_bounds__(kThreads, TC ? 2 : 0)
     scores_stage_kernel(Geometry g, float scale, Scratch s, std::uint32_t tf32_hi_mask) {
-  static_assert(WARPS == 8 || (TC && WARPS == 16), "the fmaf tile is laid out for 8 warps");
-  constexpr int kNT = 32 * WARPS;
-  constexpr int kMT = WARPS == 16 ? 2 : 4;  // TC: m16 fragments per warp (rows 16 kMT per warp)
+  constexpr int kNT = kThreads;
+  constexpr int kMT = 4;  // TC: m16 fragments per warp (rows 16 kMT per warp)
   constexpr int kRows = BM / 16;  // rows per thread
   pdl_wait();  // the pooled rows of the launches before (a no-op without PDL)
   pdl_launch_dependents();
@@ -340,14 +343,13 @@ __global__ void __launch_bounds__(32 * WARPS, TC && WARPS == 8 ? 2 : 1)
 }
 
 // SPARGE_BLOCKMAP_SCORES (read per call): unset, the 128 x 128 tile on the tensor cores with 8 warps;
-// `tc16` with 16 warps (opt-in, same bits); `fma` by fmaf chains (the default until session 9). Below
+// `fma` by fmaf chains (the default until session 9). Below
 // sm_80 always fma.
-enum class ScoresKind { kFma, kTc, kTc16 };
+enum class ScoresKind { kFma, kTc };
 ScoresKind scores_kind() {
   if (device_major() < 8) return ScoresKind::kFma;
   const char* v = std::getenv("SPARGE_BLOCKMAP_SCORES");
   if (v != nullptr && std::strcmp(v, "fma") == 0) return ScoresKind::kFma;
-  if (v != nullptr && std::strcmp(v, "tc16") == 0) return ScoresKind::kTc16;
   return ScoresKind::kTc;
 }
 
@@ -361,7 +363,6 @@ cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaS
     return launch_maybe_pdl(kernel, grid, threads, smem, st, pdl_enabled(), g, scale, s, kTf32HiMask);
   };
   switch (scores_kind()) {
-    case ScoresKind::kTc16: return go(scores_stage_kernel<true, 16>, 512, stage_smem_bytes(true));
     case ScoresKind::kTc: return go(scores_stage_kernel<true>, kThreads, stage_smem_bytes(true));
     default: return go(scores_stage_kernel<false>, kThreads, stage_smem_bytes(false));
   }
@@ -402,7 +403,6 @@ const char* scores_variant(const Geometry& g) {
   const bool pdl = pdl_enabled();
   if (m >= 128) {
     switch (scores_kind()) {
-      case ScoresKind::kTc16: return pdl ? "tc128x16w+pdl" : "tc128x16w";
       case ScoresKind::kTc: return pdl ? "tc128+pdl" : "tc128";
       default: return pdl ? "stage128+pdl" : "stage128";
     }
