@@ -645,7 +645,9 @@ void compare(const Problem& p, const CpuResult& cpu, const GpuResult& gpu, const
 // folded into pass 1, K sums first in pass 1, the pooling kernel variants, resident-only pooling
 // grids, ticket-ordered items, the scores and the selection launched without PDL
 // (SPARGE_BLOCKMAP_PDL=0), the pooling launches in a PDL chain too (SPARGE_BLOCKMAP_PDL=2), the
-// bit search of the warp top-k (SPARGE_BLOCKMAP_SELECT=bits), alone and combined.
+// bit search of the warp top-k (SPARGE_BLOCKMAP_SELECT=bits), the pooling launches in the order before
+// session 10 (SPARGE_BLOCKMAP_ORDER=mixed: Q items and K sums in pass 1, K items in pass 2; the fold,
+// KFIRST, TICKET and PDL=2 settings take that order too), alone and combined.
 void check_switches(const Problem& p, const GpuResult& first) {
   struct Setting {
     const char* kmean = nullptr;
@@ -655,6 +657,7 @@ void check_switches(const Problem& p, const GpuResult& first) {
     const char* pdl = nullptr;
     const char* select = nullptr;
     const char* ticket = nullptr;
+    const char* order = nullptr;
   };
   const char* const o = nullptr;  // unset
   // The default pooling is the ring loaded by TMA (where it applies); async3 the cp.async ring; base3
@@ -667,7 +670,8 @@ void check_switches(const Problem& p, const GpuResult& first) {
       {"fold", o, o, "1", "0", "bits"}, {o, "1", o, o, o, o, "1"},        {"fold", o, "base3", o, o, o, "1"},
       {"fold", "1", o, "1", o, o, "1"}, {o, o, o, o, "2", o},             {"fold", "1", o, o, "2", o, "1"},
       {o, o, "base3", o, "2", "bits"},  {"fold", o, o, "1", "2", o},      {o, o, "async3", o, o, o},
-      {"fold", "1", "async3", "1", "2", o, "1"}};
+      {"fold", "1", "async3", "1", "2", o, "1"}, {o, o, o, o, o, o, o, "mixed"}, {o, o, "async3", o, o, "bits", o, "mixed"},
+      {o, o, "base3", o, "0", o, o, "mixed"}};
   const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
@@ -675,14 +679,14 @@ void check_switches(const Problem& p, const GpuResult& first) {
     ScopedEnv kmean("SPARGE_BLOCKMAP_KMEAN", st.kmean), kfirst("SPARGE_BLOCKMAP_KFIRST", st.kfirst),
         pool("SPARGE_BLOCKMAP_POOL", st.pool), persist("SPARGE_BLOCKMAP_PERSIST", st.persist),
         pdl("SPARGE_BLOCKMAP_PDL", st.pdl), select("SPARGE_BLOCKMAP_SELECT", st.select),
-        ticket("SPARGE_BLOCKMAP_TICKET", st.ticket);
+        ticket("SPARGE_BLOCKMAP_TICKET", st.ticket), order("SPARGE_BLOCKMAP_ORDER", st.order);
     GpuResult again;
     run_gpu(p, again);
     if (testing::Test::HasFatalFailure()) return;
     const auto show = [](const char* v) { return std::string(v != nullptr ? v : "-"); };
     const std::string what = "KMEAN=" + show(st.kmean) + " KFIRST=" + show(st.kfirst) + " POOL=" + show(st.pool) +
                              " PERSIST=" + show(st.persist) + " PDL=" + show(st.pdl) +
-                             " SELECT=" + show(st.select) + " TICKET=" + show(st.ticket);
+                             " SELECT=" + show(st.select) + " TICKET=" + show(st.ticket) + " ORDER=" + show(st.order);
     EXPECT_TRUE(again.lut == first.lut && again.counts == first.counts) << "lut/counts differ under " << what;
     EXPECT_TRUE(bits_equal(again.scores, first.scores) && bits_equal(again.q_sim, first.q_sim) &&
                 bits_equal(again.k_sim, first.k_sim))

@@ -1,7 +1,7 @@
 // Shared pieces of the CUDA block map (docs/block_map_gpu.md): the geometry every kernel indexes
 // with, the sequence / visibility rules of docs/semantics.md (Stage 1) in device form, the input
 // loaders, and the launchers the host entry (block_map.cu) calls in order:
-//   pooling (pass 1: Q pooling + K chunk sums (+ the K mean); pass 2: K pooling), then scores
+//   pooling (K chunk sums, K mean, Q and K pooling; pool.cu has the orders), then scores
 //   (pooled QK) and select (top-k / cdf, LUT).
 // Every kernel walks a 1-D grid-stride loop over 64-bit work indices, so batch * heads may exceed
 // 65535 (and any count fits) without relying on gridDim.y / z.
@@ -110,8 +110,9 @@ struct Fp8Out {
 // dtype_bf16 picks the element type of q / k.
 // Pools Q (heads = hq, blocks of blkq) and K (heads = hk, blocks of blkk, shifted by the K mean
 // when smooth; the mean is computed first, into s.k_part / s.k_mean), writing pooled rows,
-// similarities and the optional diagnostic outputs: one launch without smooth, else two (K mean
-// folded into the first, after a memset of s.k_done) or three (pool.cu).
+// similarities and the optional diagnostic outputs: one launch without smooth, else three (the K
+// sums, the mean, then Q and K pooled in one pass; or Q + K sums, the mean, K: pool.cu), or two
+// (K mean folded into the first, after a memset of s.k_done).
 // With fp8.q8 set, pass 1's Q items also write the fp8 recipe's Q, and the K pooling items (pass
 // 2, or pass 1 without smooth) its K (the K mean is s.k_mean: the caller points it at its output).
 // The TMA maps of q and k for the TMA pooling ring (boxes of whole rows, pool_tma_rows(d) rows),

@@ -1,10 +1,15 @@
 // The memory-bound part of the block map: the K mean (smooth_k) and the pooling / self-similarity
-// of every Q and K block, in two passes over the inputs (docs/block_map_gpu.md):
-//   pass 1: Q pooling, and K sums of kKSumRows-row chunks (smooth_k) or K pooling (no smoothing);
-//   k_mean: the chunk sums of each (sequence, kv head) in chunk order, / k_len, by the warp that
-//           adds the unit's last chunk (folded into pass 1; or as its own launch);
-//   pass 2 (smooth_k): K pooling of the rows shifted by the mean, in reverse item order, so that
-//           it starts on the K rows pass 1 read last (still in L2).
+// of every Q and K block, in two passes over the inputs (docs/block_map_gpu.md). By default (since
+// session 10, where PDL is on; SPARGE_BLOCKMAP_ORDER, sums_first below) with smooth_k:
+//   pass 1: K sums of kKSumRows-row chunks;
+//   k_mean: the chunk sums of each (sequence, kv head) in chunk order, / k_len (its own launch);
+//   pass 2: Q pooling, then K pooling of the rows shifted by the mean, launched with PDL on the
+//           k_mean launch: its Q items run while the mean is computed, its K items wait for it.
+// The order before (ORDER=mixed, and with the fold / KFIRST / TICKET / PDL=2 switches):
+//   pass 1: Q pooling, and K sums (smooth_k) or K pooling (no smoothing);
+//   k_mean: as above, or by the warp that adds the unit's last chunk (folded into pass 1);
+//   pass 2 (smooth_k): K pooling of the shifted rows, in reverse item order, so that it starts on
+//           the K rows pass 1 read last.
 // So Q is read once and K twice (the smoothed rows' similarity needs the mean first). A single
 // DRAM read of K (thread block clusters, 2026-11-30) was slower and is deleted (docs).
 //
@@ -764,6 +769,19 @@ bool k_first() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
+// The order of the pooling launches (SPARGE_BLOCKMAP_ORDER, read per call; same bits either way).
+// Default (`sums`, since session 10) where PDL is on: the K chunk sums are a pass of their own, then
+// the K mean, then one pass pools Q and then K; that pass is launched with PDL on the mean (which
+// lets it start at its top), so its Q items, which need no mean, run while the mean is computed, and
+// only its K items wait for it (H200, s10r6: 0.944-0.961x the device copy at 128 x 64 against
+// 0.977-0.985x, 64 x 64 1.047-1.065x against 1.076-1.095x). `mixed` (the order before, and the one
+// the K-mean fold, KFIRST, TICKET and PDL=2 switches apply to): pass 1 = Q items + K sums, the mean,
+// pass 2 = K items.
+bool sums_first() {
+  const char* v = std::getenv("SPARGE_BLOCKMAP_ORDER");
+  return !(v != nullptr && std::strcmp(v, "mixed") == 0) && pdl_enabled();
+}
+
 // SPARGE_BLOCKMAP_PERSIST=1 (read per call; same bits): the pass grids hold only the CTAs that are
 // resident at once (SMs x occupancy) and each warp walks its items by the grid stride, instead of
 // one CTA per 8 items (a CTA then lives as long as its slowest warp's item).
@@ -978,6 +996,23 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
   // The fold needs the counters and at least one chunk per unit (Sk = 0: the launch writes zeros).
   const bool fold = s.k_done != nullptr && s.nchunks > 0 && kmean_folded();
   cudaError_t e = cudaSuccess;
+  if (!fold && !chain && p1.ticket == nullptr && !k_first() && sums_first()) {
+    PassArgs sums;
+    sums.g = g;
+    sums.seg[0] = p1.seg[1];
+    with_tma(sums);
+    if ((e = launch_pass(bf16, sums, st)) != cudaSuccess) return e;
+    marks("K sums");
+    if ((e = launch_k_mean(g, s, st, true)) != cudaSuccess) return e;  // lets the next pass start at its top
+    marks("K mean");
+    p2.g = g;
+    p2.seg[0] = p1.seg[0];
+    p2.seg[1] = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
+    with_tma(p2);
+    e = launch_pass(bf16, p2, st, true);  // its K items wait for the mean
+    marks("pool Q + K");
+    return e;
+  }
   if (fold) {
     p1.seg[1].done = s.k_done;
     p1.seg[1].mean = s.k_mean;
