@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
     // O *= alpha (after the previous PV has retired), then P packed (per warp the A-fragment layout
     // of m64nNk16) for the next turn's PV.
     auto rescale_and_pack = [&] {
-      rescale_o<kDT>(o, alpha);
+      rescale_o<kDT, true>(o, alpha);
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
         pack_p<T>(s, kk, p[kk]);
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       {
         // Warp-uniform: all 16 rows of the warp list all 64 positions (no per-element select).
         const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
-        softmax_probs<kNT>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
+        softmax_probs<kNT, true>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
       }
       rescale_and_pack();
 #pragma unroll 1
@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
         wg::fence_accumulator(s);
         release(k_empty + b);
         const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
-        softmax_probs<kNT>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
+        softmax_probs<kNT, true>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
         wg::wgmma_wait<0>();
         wg::fence_accumulator(o);
         fence_regs(p);

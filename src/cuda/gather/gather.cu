@@ -136,7 +136,7 @@ int env_int(const char* name, int fallback) {
 // 0.133 ms with it (~0.155 without); wgmma64 and ws unchanged (0.145-0.148, 0.168-0.170).
 bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 1) != 0; }
 
-// SPARGE_GATHER_PATH=ws (sm_90a; NOT RUN ON A GPU yet): the warp-specialized kernel. Its switches,
+// SPARGE_GATHER_PATH=ws (sm_90a; opt-in): the warp-specialized kernel. Its switches,
 // read on every call (every variant walks the union in the same order with the same per-row
 // arithmetic, so the results are expected to be bitwise the same; the tests check each variant
 // against the fp64 oracle, not against each other):
@@ -202,7 +202,10 @@ int device_major() {
 //                   in lockstep, so one's softmax overlaps the other's MMAs; each CTA gathers
 //                   the group's K/V itself, twice the L2 reads of 128-row tiles);
 //   mma             the portable kernel, 128-row tiles for groups of at least 128 rows, else 64;
-//   ws              the warp-specialized sm_90a kernel (attention_ws.cuh, select_ws above; opt-in);
+//   ws              the warp-specialized sm_90a kernel (attention_ws.cuh, select_ws above; opt-in;
+//                   since session 10 its attention step is 0.126-0.127 ms at PERF.md's shape against
+//                   0.131-0.133 for the default wgmma, s10r9 / s10r10: the default's candidate once a
+//                   round has run it as the default);
 //   unset / other   on sm_90: "wgmma" (BM 128, 3 stages, with the default prefetch) for groups
 //                   of at least 128 rows (H200 2026-11-30 session 5, 256-row groups: attention
 //                   0.133 ms against 0.145 for wgmma64 (the default before), 0.154-0.156 for
