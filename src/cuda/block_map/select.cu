@@ -26,9 +26,9 @@
 #include <cub/block/block_scan.cuh>
 
 #include <climits>
-#include <type_traits>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/block_map/pdl.cuh"
@@ -530,8 +530,10 @@ __device__ __forceinline__ void select_by_search(const std::uint32_t (&w)[IPT], 
 // work, bits equal on all 290 block-map cases). Lane l holds key blocks l, l + 32, ...; the row's
 // global loads (scores, k_sim, q_sim) are all issued before anything else (an optional
 // maybe_scores store between k_sim loads would make each load wait for the one before, as the two
-// may alias), then select_by_search, then the LUT row from ballots. No block barriers, 4 rows per
-// 128-thread CTA. The row index is decoded with 32-bit divisions when the row count allows.
+// may alias), then select_by_search, then the LUT row (16-byte stores through shared memory where
+// the LUT layout allows, else ballots). No block barriers, 4 rows per 128-thread CTA, 64 registers
+// (8 CTAs per SM). The row index is decoded by multiply-shift divisions (FastDiv) when the row count
+// allows.
 template <int IPT, TopK KIND>
 __global__ void __launch_bounds__(32 * kRowWarps, 8) select_row_kernel(const __grid_constant__ SelectArgs a) {
   pdl_wait();  // the scores and sims of the launches before (a no-op without PDL)
