@@ -308,7 +308,7 @@ void run_case(const Cfg& c) {
   EXPECT_EQ(diff_all(run("1", "stream", "4"), gpu), "") << "SPARGE_QUANT_VARIANT=stream SPARGE_QUANT_GROUP=1 SPARGE_QUANT_STAGES=4";
 }
 
-// The stream variant's 32-bit ticket decoding (schedule.h's FastDiv, Schedule32) against the 64-bit
+// The stream variant's 32-bit ticket decoding (cuda/fast_div.h's FastDiv, Schedule32) against the 64-bit
 // decode the CPU test QUANT_SCHED checks: host arithmetic, runs without a GPU.
 void check_schedule32() {
   std::mt19937_64 rng(20261130);

@@ -993,6 +993,8 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     return e;
   }
   p1.seg[1] = k_sums_segment(g, k, s);
+  p2.g = g;
+  const Segment k_shifted = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));  // K items after the mean
   // The fold needs the counters and at least one chunk per unit (Sk = 0: the launch writes zeros).
   const bool fold = s.k_done != nullptr && s.nchunks > 0 && kmean_folded();
   cudaError_t e = cudaSuccess;
@@ -1005,9 +1007,8 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     marks("K sums");
     if ((e = launch_k_mean(g, s, st, true)) != cudaSuccess) return e;  // lets the next pass start at its top
     marks("K mean");
-    p2.g = g;
     p2.seg[0] = p1.seg[0];
-    p2.seg[1] = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
+    p2.seg[1] = k_shifted;
     with_tma(p2);
     e = launch_pass(bf16, p2, st, true);  // its K items wait for the mean
     marks("pool Q + K");
@@ -1030,8 +1031,7 @@ cudaError_t launch_pooling(const Geometry& g, const Rows& q, const Rows& k, bool
     marks("K mean");
   }
 
-  p2.g = g;
-  p2.seg[0] = with_f8(pool_segment(g, k, true, s.k_mean, s, maybe_k_sim));
+  p2.seg[0] = k_shifted;
   p2.seg[0].reverse = true;  // start on the K rows pass 1 read last
   with_tma(p2);
   e = launch_pass(bf16, p2, st, chain);

@@ -156,7 +156,6 @@ constexpr std::size_t stage_smem_bytes(bool tc) {
 template <bool TC>
 __global__ void __launch_bounds__(kThreads, TC ? 2 : 0)
     scores_stage_kernel(Geometry g, float scale, Scratch s, std::uint32_t tf32_hi_mask) {
-  constexpr int kNT = kThreads;
   constexpr int kMT = 4;  // TC: m16 fragments per warp (rows 16 kMT per warp)
   constexpr int kRows = BM / 16;  // rows per thread
   pdl_wait();  // the pooled rows of the launches before (a no-op without PDL)
@@ -178,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, TC ? 2 : 0)
   // The copies of a chunk: thread tid takes the 16-byte piece at column kCol of rows kRow0 + kRowStep u
   // (of A: u < kCopies; of B likewise), the same column and rows in every chunk.
   constexpr int kPerRow = kStageCols / 4;
-  constexpr int kRowStep = kNT / kPerRow;
+  constexpr int kRowStep = kThreads / kPerRow;
   constexpr int kCopies = BM / kRowStep;
   static_assert(BM == kBig && BM % kRowStep == 0, "the copy pattern assumes square tiles");
   const int kRow0 = tid / kPerRow, kCol = (tid % kPerRow) * 4;
@@ -342,9 +341,8 @@ __global__ void __launch_bounds__(kThreads, TC ? 2 : 0)
   }
 }
 
-// SPARGE_BLOCKMAP_SCORES (read per call): unset, the 128 x 128 tile on the tensor cores with 8 warps;
-// `fma` by fmaf chains (the default until session 9). Below
-// sm_80 always fma.
+// SPARGE_BLOCKMAP_SCORES (read per call): unset, the 128 x 128 tile on the tensor cores; `fma` by fmaf
+// chains (the default until session 9). Below sm_80 always fma.
 enum class ScoresKind { kFma, kTc };
 ScoresKind scores_kind() {
   if (device_major() < 8) return ScoresKind::kFma;
@@ -356,16 +354,13 @@ ScoresKind scores_kind() {
 cudaError_t launch_stage(const Geometry& g, float scale, const Scratch& s, cudaStream_t st) {
   const std::int64_t tiles = g.nseq * g.hq * ((g.nq + BM - 1) / BM) * ((g.nk + kBig - 1) / kBig);
   if (tiles == 0) return cudaSuccess;
-  const auto go = [&](auto kernel, int threads, std::size_t smem) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-    const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
-    return launch_maybe_pdl(kernel, grid, threads, smem, st, pdl_enabled(), g, scale, s, kTf32HiMask);
-  };
-  switch (scores_kind()) {
-    case ScoresKind::kTc: return go(scores_stage_kernel<true>, kThreads, stage_smem_bytes(true));
-    default: return go(scores_stage_kernel<false>, kThreads, stage_smem_bytes(false));
-  }
+  const bool tc = scores_kind() == ScoresKind::kTc;
+  const auto kernel = tc ? scores_stage_kernel<true> : scores_stage_kernel<false>;
+  const std::size_t smem = stage_smem_bytes(tc);
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  const int grid = static_cast<int>(tiles < kMaxGrid ? tiles : kMaxGrid);
+  return launch_maybe_pdl(kernel, grid, kThreads, smem, st, pdl_enabled(), g, scale, s, kTf32HiMask);
 }
 
 template <int TILE>

@@ -32,6 +32,7 @@
 
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/block_map/pdl.cuh"
+#include "cuda/fast_div.h"
 
 namespace sparge::cuda::block_map {
 
@@ -40,20 +41,6 @@ namespace {
 constexpr std::int64_t kMaxGrid = std::int64_t{1} << 30;
 constexpr std::size_t kDefaultSmem = 48 * 1024;
 
-// n / d for a fixed divisor d >= 1 and any n < 2^31 by a multiply and a shift (the round-up
-// reciprocal method of Granlund and Montgomery): with l = ceil(log2 d) and
-// m = floor(2^32 (2^l - d) / d) + 1 < 2^32, n / d = (umulhi(m, n) + n) >> l (no overflow for n < 2^31).
-struct FastDiv {
-  std::uint32_t d = 1, m = 1;
-  int l = 0;
-  FastDiv() = default;
-  explicit FastDiv(std::uint32_t divisor) : d(divisor) {
-    while ((std::uint64_t{1} << l) < divisor) ++l;
-    m = static_cast<std::uint32_t>(((std::uint64_t{1} << 32) * ((std::uint64_t{1} << l) - divisor)) / divisor + 1);
-  }
-  __device__ __forceinline__ std::uint32_t div(std::uint32_t n) const { return (__umulhi(m, n) + n) >> l; }
-};
-
 struct SelectArgs {
   Geometry g;
   SelectRule rule;
@@ -61,7 +48,7 @@ struct SelectArgs {
   Out<std::int32_t> lut, counts;
   Out<float> maybe_scores;
   // The warp kernel's row decoding when every row index and head fits in 31 bits (small): NQ, HQ
-  // and HQ / HK as fast divisors.
+  // and HQ / HK as fast divisors (cuda/fast_div.h).
   bool small = false;
   FastDiv by_nq, by_hq, by_group;
   // LUT rows that the warp kernel may write as 16-byte vectors: unit inner stride, NK a multiple of

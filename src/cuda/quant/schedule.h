@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "cuda/fast_div.h"
 #include "quant/quant_rule.h"
 
 namespace sparge::cuda::quant {
@@ -70,30 +71,8 @@ SPARGE_QUANT_HD Item decode(const Schedule& s, std::int64_t t) {
 }
 
 // ---- 32-bit decoding (the stream variant: every thread decodes its CTA's tickets) ------------------
-// Division of n < 2^31 by a fixed d in [1, 2^31) as a multiply-high and a shift: with
-// l = ceil(log2 d) and m = ceil(2^(31 + l) / d) (< 2^32), floor(n / d) = floor(n m / 2^(31 + l)):
-// the error n (m d - 2^(31 + l)) / (d 2^(31 + l)) is below n 2^l / (d 2^(31 + l)) < 1 / d, which
-// never reaches the next integer.
-struct FastDiv {
-  std::uint32_t d = 1, m = 0, s = 0;
-  FastDiv() = default;
-  explicit FastDiv(std::uint32_t div) : d(div) {
-    std::uint32_t l = 0;
-    while ((std::uint64_t{1} << l) < div) ++l;
-    if (l > 0) {
-      m = static_cast<std::uint32_t>(((std::uint64_t{1} << (31 + l)) + div - 1) / div);
-      s = l - 1;
-    }
-  }
-  SPARGE_QUANT_HD std::uint32_t div(std::uint32_t n) const {
-    if (d == 1) return n;
-#if defined(__CUDA_ARCH__)
-    return __umulhi(n, m) >> s;
-#else
-    return static_cast<std::uint32_t>((static_cast<std::uint64_t>(n) * m) >> 32) >> s;
-#endif
-  }
-};
+// The 32-bit divisions: cuda/fast_div.h (shared with the block map's selection).
+using ::sparge::cuda::FastDiv;
 
 // decode() in 32-bit arithmetic, for schedules whose total() is below 2^31 (fits32).
 struct Schedule32 {
