@@ -810,6 +810,7 @@ struct PathConfig {
   const char* l2pf = nullptr;      // SPARGE_GATHER_L2PF
   const char* pdl = nullptr;       // SPARGE_GATHER_PDL
   const char* wgmma_stages = nullptr;  // SPARGE_GATHER_WGMMA_STAGES
+  const char* ws_pair = nullptr;       // SPARGE_GATHER_WS_PAIR
 };
 // Sets a PathConfig's variables for its lifetime.
 class PathEnv {
@@ -823,10 +824,11 @@ class PathEnv {
         prefetch_("SPARGE_GATHER_PREFETCH", c.prefetch),
         l2pf_("SPARGE_GATHER_L2PF", c.l2pf),
         pdl_("SPARGE_GATHER_PDL", c.pdl),
-        wgmma_stages_("SPARGE_GATHER_WGMMA_STAGES", c.wgmma_stages) {}
+        wgmma_stages_("SPARGE_GATHER_WGMMA_STAGES", c.wgmma_stages),
+        ws_pair_("SPARGE_GATHER_WS_PAIR", c.ws_pair) {}
 
  private:
-  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_, pdl_, wgmma_stages_;
+  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_, pdl_, wgmma_stages_, ws_pair_;
 };
 // Switches added 2026-11-30 session 5 (not run on a GPU when added), each with the path it must
 // equal bit for bit (same keys, masks and arithmetic): SPARGE_GATHER_PREFETCH=1 (keys and mask
@@ -867,6 +869,12 @@ const PathConfig kWsPaths[] = {
     {"ws arrive=wait", "ws", nullptr, nullptr, "wait"},
     {"ws pingpong=0", "ws", nullptr, nullptr, nullptr, "0"},
     {"ws wg=1 stages=2 arrive=wait", "ws", "1", "2", "wait"},
+    // Paired consumers (session 11): the default ring, the smallest one they take (3 stages), and
+    // pingpong off; with stages=2 the request falls back to unpaired steps.
+    {"ws pair=1", "ws", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
+    {"ws pair=1 stages=3", "ws", nullptr, "3", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
+    {"ws pair=1 pingpong=0", "ws", nullptr, nullptr, nullptr, "0", nullptr, nullptr, nullptr, nullptr, "1"},
+    {"ws pair=1 stages=2", "ws", nullptr, "2", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
 };
 
 // GATHER_GPU(...) / GATHER_GPU_KV(...): the GPU against the fp64 oracle (per-row, union at
@@ -1533,7 +1541,7 @@ SPARGE_CASES(GatherGpuKv) {
                      std::vector<unsigned char> ref;
                      // union_variant: SPARGE_GATHER_UNION_VARIANT (nullptr: the default, 5; 3 was the
                      // default before kRowBitmaps).
-                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; const char* union_variant = nullptr; };
+                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; const char* union_variant = nullptr; const char* ws_pair = nullptr; };
                      const Variant vs[] = {{"q", true, nullptr, nullptr},   {"kv", true, nullptr, nullptr},  {"q", true, "mma", nullptr},
                                            {"kv", true, "mma", nullptr},    {"q", true, "wgmma", nullptr},   {"kv", true, "wgmma", nullptr},
                                            {"kv", true, nullptr, "4"},      {"kv", true, "wgmma", "4"},      {"q", false, nullptr, nullptr},
@@ -1543,7 +1551,9 @@ SPARGE_CASES(GatherGpuKv) {
                                            {"q", true, nullptr, nullptr, "2"}, {"kv", true, nullptr, nullptr, "2"},
                                            {"q", true, nullptr, nullptr, "3"}, {"kv", true, nullptr, nullptr, "3"},
                                            {"q", true, nullptr, nullptr, "4"}, {"kv", true, nullptr, nullptr, "4"},
-                                           {"q", true, nullptr, nullptr, "7"}, {"kv", true, nullptr, nullptr, "7"}};
+                                           {"q", true, nullptr, nullptr, "7"}, {"kv", true, nullptr, nullptr, "7"},
+                                           {"q", true, "ws", nullptr, nullptr, "1"}, {"kv", true, "ws", nullptr, nullptr, "1"},
+                                           {"kv", true, "wgmma", nullptr}, {"kv", true, "ws", nullptr}, {"kv", true, "ws", nullptr, nullptr, "1"}};
                      for (const Variant& v : vs) {
                        const bool kvl = std::strcmp(v.layout, "kv") == 0;
                        pp.use_lists(kvl);
@@ -1551,6 +1561,7 @@ SPARGE_CASES(GatherGpuKv) {
                        ScopedEnv e1("SPARGE_GATHER_PATH", v.path);
                        ScopedEnv e2("SPARGE_GATHER_OVERLAP", v.overlap);
                        ScopedEnv e4("SPARGE_GATHER_UNION_VARIANT", v.union_variant);
+                       ScopedEnv e5("SPARGE_GATHER_WS_PAIR", v.ws_pair);
                        std::vector<float> ms;
                        ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms));
                        const double med = ms[ms.size() / 2];
@@ -1562,10 +1573,11 @@ SPARGE_CASES(GatherGpuKv) {
                        const std::vector<unsigned char> out = o.download();
                        if (ref.empty()) ref = out;
                        const double diff = max_abs_diff16(out, ref, c.t);
-                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
+                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
                                    "%.1f TFLOPS on attended keys; union overlap (union / sum of distinct lists per group) = %.4f; "
                                    "max |O - O(first)| = %.2e\n",
-                                   kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.overlap ? v.overlap : "off",
+                                   kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.ws_pair ? " paired" : "",
+                                   v.overlap ? v.overlap : "off",
                                    v.union_variant ? v.union_variant : "5", med,
                                    ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, overlap, diff);
                        EXPECT_LE(diff, 2e-2);

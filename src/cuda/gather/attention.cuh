@@ -133,20 +133,34 @@ __device__ __forceinline__ int swz(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+// ex2.approx.ftz: 2^x in one MUFU.EX2 (exp2f adds a range test and two predicated multiplies per
+// call for results below 2^-126, which the softmax flushes to zero anyway; as the block-sparse
+// kernels do, cuda/attention/softmax.cuh).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // One step of the online softmax for the thread's two rows (accumulator layout of m16n8 / wgmma
 // m64nN per warp: s[n][0..1] row lo, s[n][2..3] row hi, columns 8 n + 2 tq, +1): each row masked
-// to its own keys by its mask word (all 64 kept when `full`), scaled into the log2 domain, the
-// running max m and partial sum l updated, s replaced by the probabilities P, and alpha set to
-// the factor O must be rescaled by (rescale_o). Split from softmax_step so that the
-// warp-specialized kernel (attention_ws.cuh) can run it while the previous step's O += P V is
-// still accumulating into O; the arithmetic is softmax_step's.
+// to its own keys by its mask word (all 64 kept when `full`), the running max m (log2 domain) and
+// partial sum l updated, s replaced by the probabilities P, and alpha set to the factor O must be
+// rescaled by (rescale_o). Split from softmax_step so that the warp-specialized kernel
+// (attention_ws.cuh) can run it while the previous step's O += P V is still accumulating into O.
+// The arithmetic of the block-sparse kernels (since session 11): the row max is taken on the raw
+// scores and scaled once (scale > 0, validated, and rounding is monotonic, so m is the max of the
+// scaled scores bit for bit), and every probability is ex2(fma(s, scale*log2e, -m)): one FFMA and
+// one MUFU per element (it was an FMUL, an FADD and exp2f's range test).
+// `mask[hrow][w]`: row hrow's mask word of the w-th 64 columns (kNT / 8 words: one per 64-key
+// step, two for the ws kernel's paired steps).
 template <int kNT, bool kFast = false>
 __device__ __forceinline__ void softmax_probs(float (&s)[kNT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                              unsigned long long mask_lo, unsigned long long mask_hi, bool full,
-                                              float scale_log2, int tq) {
+                                              const unsigned long long (&mask)[2][kNT / 8], bool full, float scale_log2,
+                                              int tq) {
+  static_assert(kNT % 8 == 0, "whole 64-column mask words");
 #pragma unroll
   for (int hrow = 0; hrow < 2; ++hrow) {
-    const unsigned long long mask = hrow == 0 ? mask_lo : mask_hi;
     float mx = -INFINITY;
     // kFast (the warp-specialized kernel): `full` is warp-uniform (every mask word of the warp's
     // rows all ones: kv-head lists, or a union that every row of the group listed whole), and its
@@ -158,44 +172,51 @@ __device__ __forceinline__ void softmax_probs(float (&s)[kNT][4], float (&m)[2],
 #pragma unroll
       for (int n = 0; n < kNT; ++n) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[n][hrow * 2 + e];
-          x = x * scale_log2;
-          mx = fmaxf(mx, x);
-        }
+        for (int e = 0; e < 2; ++e) mx = fmaxf(mx, s[n][hrow * 2 + e]);
       }
     } else {
 #pragma unroll
       for (int n = 0; n < kNT; ++n) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int col = n * 8 + tq * 2 + e;
+          const int col = (n % 8) * 8 + tq * 2 + e;
           float& x = s[n][hrow * 2 + e];
-          x = (full || ((mask >> col) & 1ull)) ? x * scale_log2 : -INFINITY;
+          x = (full || ((mask[hrow][n / 8] >> col) & 1ull)) ? x : -INFINITY;
           mx = fmaxf(mx, x);
         }
       }
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[hrow], mx);
+    const float m_new = fmaxf(m[hrow], mx * scale_log2);
     // A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0
-    // rather than NaN (-inf - -inf).
+    // rather than NaN (-inf - -inf). Masked scores are -inf: fma(-inf, scale, -m) = -inf, P = 0.
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[hrow] = exp2f(m[hrow] - m_use);
-    float sum = 0.0f;
+    const float neg = -m_use;
+    alpha[hrow] = ex2_ftz(m[hrow] - m_use);
+    float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = s[n][hrow * 2 + e];
-        x = exp2f(x - m_use);
-        sum += x;
-      }
+      float& x0 = s[n][hrow * 2];
+      float& x1 = s[n][hrow * 2 + 1];
+      x0 = ex2_ftz(fmaf(x0, scale_log2, neg));
+      x1 = ex2_ftz(fmaf(x1, scale_log2, neg));
+      sum0 += x0;
+      sum1 += x1;
     }
-    l[hrow] = l[hrow] * alpha[hrow] + sum;
+    l[hrow] = l[hrow] * alpha[hrow] + (sum0 + sum1);
     m[hrow] = m_new;
   }
+}
+
+// The one-word form (64-key steps): row lo's word and row hi's word.
+template <int kNT, bool kFast = false>
+__device__ __forceinline__ void softmax_probs(float (&s)[kNT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                              unsigned long long mask_lo, unsigned long long mask_hi, bool full,
+                                              float scale_log2, int tq) {
+  static_assert(kNT == 8, "one mask word per row");
+  const unsigned long long mask[2][1] = {{mask_lo}, {mask_hi}};
+  softmax_probs<kNT, kFast>(s, m, l, alpha, mask, full, scale_log2, tq);
 }
 
 // O *= alpha, row lo by alpha[0], row hi by alpha[1]. kSkip (the warp-specialized kernel): skipped

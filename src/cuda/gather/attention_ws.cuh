@@ -136,7 +136,9 @@ __device__ __forceinline__ void ws_copy_tile(const T* src, std::int64_t row_stri
   }
 }
 
-template <class T, int D, int C>
+// kPair (SPARGE_GATHER_WS_PAIR, with prefetch and at least 3 stages; "Paired steps" above): the
+// consumers take two ring stages (128 union positions) per turn.
+template <class T, int D, int C, bool kPair = false>
 __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) attention_ws_kernel(const AttnArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace wg = ::sparge::cuda::attn::sm90;
@@ -339,132 +341,265 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
     for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY};
     float l[2] = {0.0f, 0.0f};
-    float s[kNT][4];
-    std::uint32_t p[kBN / 16][4];
     float alpha[2];
     const std::uint32_t q_addr = smem_addr(sq + cw * kTile);
-    auto issue_qk = [&](int st) {
-      const std::uint32_t k_addr = smem_addr(skv + st * 2 * kTile);
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        wg::Wgmma<T, 64>::ss(s, wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k_addr, kSlab, ks), ks > 0 ? 1 : 0);
-      }
-      wg::wgmma_commit();
-    };
-    auto issue_pv = [&](int st) {
-      const std::uint32_t v_addr = smem_addr(skv + st * 2 * kTile + kTile);
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], wg::mn_major_desc(v_addr, kSlab, kk));
-      wg::wgmma_commit();
-    };
-    // O *= alpha (after the previous PV has retired), then P packed (per warp the A-fragment layout
-    // of m64nNk16) for the next turn's PV.
-    auto rescale_and_pack = [&] {
-      rescale_o<kDT, true>(o, alpha);
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        pack_p<T>(s, kk, p[kk]);
-      }
-    };
-
     if (pingpong && cw == 1) wg::named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
     acquire(q_full, 0);
-    if (nblk > 0) {
-      // The rows' mask words (L2) two steps ahead: a step of the pingpong pair is about as long as
-      // an L2 round trip under load.
-      // Prefetch: the producer put them into the stage (read after its "full" wait, before
-      // the "empty" release).
-      unsigned long long mask_lo = 0, mask_hi = 0, next_lo = 0, next_hi = 0, next2_lo = 0, next2_hi = 0;
+    if constexpr (kPair) {
+      // ---- paired steps: stages j0 = 2 t and j1 = 2 t + 1 of the ring per turn (128 positions) ----
+      // A half pair (odd nblk, the last turn) reads stage j0 in both halves with the second half's
+      // mask words 0: its scores are -inf, its P 0, so it adds nothing (0 x the finite V of j0).
+      constexpr int kNT2 = 2 * kNT;
+      constexpr int kKK = kBN / 16;  // k-steps of PV per stage
+      float s[kNT2][4];
+      std::uint32_t p[2 * kKK][4];
+      auto half = [&](int h) -> float(&)[kNT][4] { return *reinterpret_cast<float(*)[kNT][4]>(&s[h * kNT][0]); };
+      auto issue_qk2 = [&](int st0, int st1) {
+        const std::uint32_t k0 = smem_addr(skv + st0 * 2 * kTile), k1 = smem_addr(skv + st1 * 2 * kTile);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          wg::Wgmma<T, 64>::ss(half(0), wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k0, kSlab, ks), ks > 0 ? 1 : 0);
+        }
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          wg::Wgmma<T, 64>::ss(half(1), wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k1, kSlab, ks), ks > 0 ? 1 : 0);
+        }
+        wg::wgmma_commit();
+      };
+      auto issue_pv2 = [&](int st0, int st1) {
+        const std::uint32_t v0 = smem_addr(skv + st0 * 2 * kTile + kTile), v1 = smem_addr(skv + st1 * 2 * kTile + kTile);
+#pragma unroll
+        for (int kk = 0; kk < kKK; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], wg::mn_major_desc(v0, kSlab, kk));
+#pragma unroll
+        for (int kk = 0; kk < kKK; ++kk) wg::Wgmma<T, D>::rs(o, p[kKK + kk], wg::mn_major_desc(v1, kSlab, kk));
+        wg::wgmma_commit();
+      };
+      auto rescale_and_pack2 = [&] {
+        rescale_o<kDT, true>(o, alpha);
+#pragma unroll
+        for (int kk = 0; kk < 2 * kKK; ++kk) pack_p<T>(s, kk, p[kk]);
+      };
       const int lr = cw * 64 + warp * 16 + (lane >> 2);  // the thread's low row within the tile
-      if (!prefetch) {
-        mask_lo = mask_word(0, gr_lo);
-        mask_hi = mask_word(0, gr_hi);
-        next_lo = mask_word(1, gr_lo);
-        next_hi = mask_word(1, gr_hi);
-        next2_lo = mask_word(2, gr_lo);
-        next2_hi = mask_word(2, gr_hi);
-      }
-      // Step 0: S_0 alone.
-      int b_prev = 0;
-      std::uint32_t ph_prev = 0;
-      int b = stages > 1 ? 1 : 0;
-      std::uint32_t ph = stages > 1 ? 0u : 1u;
-      acquire(k_full, 0);
-      if (prefetch) {
-        mask_lo = pf_masks[lr];
-        mask_hi = pf_masks[lr + 8];
-      }
-      turn_begin();
-      wg::wgmma_fence();
-      wg::fence_accumulator(s);
-      issue_qk(0);
-      turn_end();
-      wg::wgmma_wait<0>();
-      wg::fence_accumulator(s);
-      release(k_empty);
-      {
-        // Warp-uniform: all 16 rows of the warp list all 64 positions (no per-element select).
-        const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
-        softmax_probs<kNT, true>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
-      }
-      rescale_and_pack();
-#pragma unroll 1
-      for (int blk = 1; blk < nblk; ++blk) {
-        if (!prefetch) {
-          mask_lo = next_lo;
-          mask_hi = next_hi;
-          next_lo = next2_lo;
-          next_hi = next2_hi;
-          next2_lo = mask_word(blk + 2, gr_lo);
-          next2_hi = mask_word(blk + 2, gr_hi);
-        }
-        if (prefetch) {
-          // Both waits, then one proxy fence for K_blk and V_{blk-1} (it orders every write the
-          // two waits made visible; the default path fences after each wait).
-          wg::barrier_wait(k_full + b, ph);
-          wg::barrier_wait(v_full + b_prev, ph_prev);
-          fence_proxy_async_smem();
-          mask_lo = pf_masks[b * Sh::kBM + lr];
-          mask_hi = pf_masks[b * Sh::kBM + lr + 8];
-        } else {
-          acquire(k_full + b, ph);
-          acquire(v_full + b_prev, ph_prev);
-        }
-        turn_begin();
-        wg::wgmma_fence();
-        wg::fence_accumulator(s);
-        wg::fence_accumulator(o);
-        issue_qk(b);
-        issue_pv(b_prev);
-        turn_end();
-        wg::wgmma_wait<1>();  // S_blk (PV_{blk-1}, committed after it, may still run)
-        wg::fence_accumulator(s);
-        release(k_empty + b);
-        const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
-        softmax_probs<kNT, true>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
-        wg::wgmma_wait<0>();
-        wg::fence_accumulator(o);
-        fence_regs(p);
-        release(v_empty + b_prev);
-        rescale_and_pack();
-        b_prev = b;
-        ph_prev = ph;
+      unsigned long long mk[2][2];
+      // The mask words of stages st0 (and st1 when has1) from the ring, then the warp's `full`.
+      auto read_masks = [&](int st0, int st1, bool has1) {
+        mk[0][0] = pf_masks[st0 * Sh::kBM + lr];
+        mk[1][0] = pf_masks[st0 * Sh::kBM + lr + 8];
+        mk[0][1] = has1 ? pf_masks[st1 * Sh::kBM + lr] : 0ull;
+        mk[1][1] = has1 ? pf_masks[st1 * Sh::kBM + lr + 8] : 0ull;
+        return __all_sync(0xffffffffu, (mk[0][0] & mk[1][0] & mk[0][1] & mk[1][1]) == ~0ull);
+      };
+      int b = 0;
+      std::uint32_t ph = 0;
+      auto advance = [&] {
         if (++b == stages) {
           b = 0;
           ph ^= 1;
         }
+      };
+      const int npair = (nblk + 1) / 2;
+      if (npair > 0) {
+        // Turn 0: S of the first pair alone.
+        int pb0 = b;
+        std::uint32_t pph0 = ph;
+        advance();
+        bool phas1 = nblk > 1;
+        int pb1 = phas1 ? b : pb0;
+        std::uint32_t pph1 = ph;
+        if (phas1) advance();
+        wg::barrier_wait(k_full + pb0, pph0);
+        if (phas1) wg::barrier_wait(k_full + pb1, pph1);
+        fence_proxy_async_smem();
+        bool full = read_masks(pb0, pb1, phas1);
+        turn_begin();
+        wg::wgmma_fence();
+        wg::fence_accumulator(s);
+        issue_qk2(pb0, pb1);
+        turn_end();
+        wg::wgmma_wait<0>();
+        wg::fence_accumulator(s);
+        release(k_empty + pb0);
+        if (phas1) release(k_empty + pb1);
+        softmax_probs<kNT2, true>(s, m, l, alpha, mk, full, a.scale_log2, tq);
+        rescale_and_pack2();
+#pragma unroll 1
+        for (int t = 1; t < npair; ++t) {
+          const int b0 = b;
+          const std::uint32_t ph0 = ph;
+          advance();
+          const bool has1 = 2 * t + 1 < nblk;
+          const int b1 = has1 ? b : b0;
+          const std::uint32_t ph1 = ph;
+          if (has1) advance();
+          wg::barrier_wait(k_full + b0, ph0);
+          if (has1) wg::barrier_wait(k_full + b1, ph1);
+          wg::barrier_wait(v_full + pb0, pph0);
+          if (phas1) wg::barrier_wait(v_full + pb1, pph1);
+          fence_proxy_async_smem();
+          full = read_masks(b0, b1, has1);
+          turn_begin();
+          wg::wgmma_fence();
+          wg::fence_accumulator(s);
+          wg::fence_accumulator(o);
+          issue_qk2(b0, b1);
+          issue_pv2(pb0, pb1);
+          turn_end();
+          wg::wgmma_wait<1>();  // S of this pair (PV of the previous one may still run)
+          wg::fence_accumulator(s);
+          release(k_empty + b0);
+          if (has1) release(k_empty + b1);
+          softmax_probs<kNT2, true>(s, m, l, alpha, mk, full, a.scale_log2, tq);
+          wg::wgmma_wait<0>();
+          wg::fence_accumulator(o);
+          fence_regs(p);
+          release(v_empty + pb0);
+          if (phas1) release(v_empty + pb1);
+          rescale_and_pack2();
+          pb0 = b0;
+          pph0 = ph0;
+          pb1 = b1;
+          pph1 = ph1;
+          phas1 = has1;
+        }
+        // PV of the last pair.
+        wg::barrier_wait(v_full + pb0, pph0);
+        if (phas1) wg::barrier_wait(v_full + pb1, pph1);
+        fence_proxy_async_smem();
+        turn_begin();
+        wg::wgmma_fence();
+        wg::fence_accumulator(o);
+        issue_pv2(pb0, pb1);
+        turn_end();
+        wg::wgmma_wait<0>();
+        wg::fence_accumulator(o);
+        fence_regs(p);
+        release(v_empty + pb0);
+        if (phas1) release(v_empty + pb1);
       }
-      // PV of the last step.
-      acquire(v_full + b_prev, ph_prev);
-      turn_begin();
-      wg::wgmma_fence();
-      wg::fence_accumulator(o);
-      issue_pv(b_prev);
-      turn_end();
-      wg::wgmma_wait<0>();
-      wg::fence_accumulator(o);
-      fence_regs(p);
-      release(v_empty + b_prev);
+    } else {
+      float s[kNT][4];
+      std::uint32_t p[kBN / 16][4];
+      auto issue_qk = [&](int st) {
+        const std::uint32_t k_addr = smem_addr(skv + st * 2 * kTile);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          wg::Wgmma<T, 64>::ss(s, wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k_addr, kSlab, ks), ks > 0 ? 1 : 0);
+        }
+        wg::wgmma_commit();
+      };
+      auto issue_pv = [&](int st) {
+        const std::uint32_t v_addr = smem_addr(skv + st * 2 * kTile + kTile);
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], wg::mn_major_desc(v_addr, kSlab, kk));
+        wg::wgmma_commit();
+      };
+      // O *= alpha (after the previous PV has retired), then P packed (per warp the A-fragment layout
+      // of m64nNk16) for the next turn's PV.
+      auto rescale_and_pack = [&] {
+        rescale_o<kDT, true>(o, alpha);
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          pack_p<T>(s, kk, p[kk]);
+        }
+      };
+
+      if (nblk > 0) {
+        // The rows' mask words (L2) two steps ahead: a step of the pingpong pair is about as long as
+        // an L2 round trip under load.
+        // Prefetch: the producer put them into the stage (read after its "full" wait, before
+        // the "empty" release).
+        unsigned long long mask_lo = 0, mask_hi = 0, next_lo = 0, next_hi = 0, next2_lo = 0, next2_hi = 0;
+        const int lr = cw * 64 + warp * 16 + (lane >> 2);  // the thread's low row within the tile
+        if (!prefetch) {
+          mask_lo = mask_word(0, gr_lo);
+          mask_hi = mask_word(0, gr_hi);
+          next_lo = mask_word(1, gr_lo);
+          next_hi = mask_word(1, gr_hi);
+          next2_lo = mask_word(2, gr_lo);
+          next2_hi = mask_word(2, gr_hi);
+        }
+        // Step 0: S_0 alone.
+        int b_prev = 0;
+        std::uint32_t ph_prev = 0;
+        int b = stages > 1 ? 1 : 0;
+        std::uint32_t ph = stages > 1 ? 0u : 1u;
+        acquire(k_full, 0);
+        if (prefetch) {
+          mask_lo = pf_masks[lr];
+          mask_hi = pf_masks[lr + 8];
+        }
+        turn_begin();
+        wg::wgmma_fence();
+        wg::fence_accumulator(s);
+        issue_qk(0);
+        turn_end();
+        wg::wgmma_wait<0>();
+        wg::fence_accumulator(s);
+        release(k_empty);
+        {
+          // Warp-uniform: all 16 rows of the warp list all 64 positions (no per-element select).
+          const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
+          softmax_probs<kNT, true>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
+        }
+        rescale_and_pack();
+#pragma unroll 1
+        for (int blk = 1; blk < nblk; ++blk) {
+          if (!prefetch) {
+            mask_lo = next_lo;
+            mask_hi = next_hi;
+            next_lo = next2_lo;
+            next_hi = next2_hi;
+            next2_lo = mask_word(blk + 2, gr_lo);
+            next2_hi = mask_word(blk + 2, gr_hi);
+          }
+          if (prefetch) {
+            // Both waits, then one proxy fence for K_blk and V_{blk-1} (it orders every write the
+            // two waits made visible; the default path fences after each wait).
+            wg::barrier_wait(k_full + b, ph);
+            wg::barrier_wait(v_full + b_prev, ph_prev);
+            fence_proxy_async_smem();
+            mask_lo = pf_masks[b * Sh::kBM + lr];
+            mask_hi = pf_masks[b * Sh::kBM + lr + 8];
+          } else {
+            acquire(k_full + b, ph);
+            acquire(v_full + b_prev, ph_prev);
+          }
+          turn_begin();
+          wg::wgmma_fence();
+          wg::fence_accumulator(s);
+          wg::fence_accumulator(o);
+          issue_qk(b);
+          issue_pv(b_prev);
+          turn_end();
+          wg::wgmma_wait<1>();  // S_blk (PV_{blk-1}, committed after it, may still run)
+          wg::fence_accumulator(s);
+          release(k_empty + b);
+          const bool full = __all_sync(0xffffffffu, (mask_lo & mask_hi) == ~0ull);
+          softmax_probs<kNT, true>(s, m, l, alpha, mask_lo, mask_hi, full, a.scale_log2, tq);
+          wg::wgmma_wait<0>();
+          wg::fence_accumulator(o);
+          fence_regs(p);
+          release(v_empty + b_prev);
+          rescale_and_pack();
+          b_prev = b;
+          ph_prev = ph;
+          if (++b == stages) {
+            b = 0;
+            ph ^= 1;
+          }
+        }
+        // PV of the last step.
+        acquire(v_full + b_prev, ph_prev);
+        turn_begin();
+        wg::wgmma_fence();
+        wg::fence_accumulator(o);
+        issue_pv(b_prev);
+        turn_end();
+        wg::wgmma_wait<0>();
+        wg::fence_accumulator(o);
+        fence_regs(p);
+        release(v_empty + b_prev);
+      }
     }
     if (pingpong && cw == 0) wg::named_barrier_sync(kTurnBarrier + 0, 256);  // warpgroup 1's last turn_end
     epilogue<T, kDT>(a, gp, o, m, l, gr_lo, tq);

@@ -69,6 +69,7 @@ struct AttnChoice {
   bool ws = false;
   int ws_arrive_wait = 0, ws_pingpong = 1;
   bool prefetch = false;  // SPARGE_GATHER_PREFETCH took effect (the profile line says so)
+  bool ws_pair = false;   // the ws consumers take two stages per turn (SPARGE_GATHER_WS_PAIR)
 };
 
 bool aligned16(const Tensor& t) {
@@ -105,18 +106,23 @@ AttnChoice pick_kernel(int tile_rows, bool wgmma, int stages = 3, bool prefetch 
   return {gather::attention_kernel<T, D, 8>, gather::AttnShape<8>::kThreads, gather::AttnShape<8>::smem_bytes(D), 128};
 }
 
-// The warp-specialized kernel with C consumer warpgroups and `stages` K/V stages.
-template <class T, int D, int C>
+// The warp-specialized kernel with C consumer warpgroups and `stages` K/V stages; kPair: its
+// paired consumers (hd128, C = 2 only: the instantiations that exist).
+template <class T, int D, int C, bool kPair = false>
 AttnChoice pick_ws(int stages, bool prefetch) {
-  AttnChoice c{gather::attention_ws_kernel<T, D, C>, gather::WsShape<C>::kThreads, gather::WsShape<C>::smem_bytes(D, stages, prefetch),
+  AttnChoice c{gather::attention_ws_kernel<T, D, C, kPair>, gather::WsShape<C>::kThreads, gather::WsShape<C>::smem_bytes(D, stages, prefetch),
                gather::WsShape<C>::kBM, true, stages};
   c.name = "ws";
   c.ws = true;
   c.prefetch = prefetch;
+  c.ws_pair = kPair;
   return c;
 }
 template <class T, int D>
-AttnChoice pick_ws(int consumers, int stages, bool prefetch) {
+AttnChoice pick_ws(int consumers, int stages, bool prefetch, bool pair) {
+  if constexpr (D == 128) {
+    if (pair && consumers == 2) return pick_ws<T, D, 2, true>(stages, prefetch);
+  }
   return consumers == 1 ? pick_ws<T, D, 1>(stages, prefetch) : pick_ws<T, D, 2>(stages, prefetch);
 }
 
@@ -148,7 +154,11 @@ bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 1) != 0; }
 //                                    most that let two CTAs share an SM (3 at hd128, 6 at hd64);
 //   SPARGE_GATHER_WS_ARRIVE = wait   producer threads wait for their copies, fence and arrive
 //                                    (default noinc: cp.async.mbarrier.arrive.noinc; attention_ws.cuh);
-//   SPARGE_GATHER_WS_PINGPONG = 0    the two consumer warpgroups issue without taking turns.
+//   SPARGE_GATHER_WS_PINGPONG = 0    the two consumer warpgroups issue without taking turns;
+//   SPARGE_GATHER_WS_PAIR = 1        hd128, BM 128, prefetch, >= 3 stages: the consumers take two
+//                                    stages (128 union positions) per turn: one max, one O rescale,
+//                                    one pair of waits and turns per 128 keys (session 11; not
+//                                    bitwise the unpaired result: the running max moves per 128).
 AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   int consumers = group_rows > 64 ? 2 : 1;
   const int wg_req = env_int("SPARGE_GATHER_WS_WG", 0);
@@ -170,9 +180,12 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   const int st_req = env_int("SPARGE_GATHER_WS_STAGES", 0);
   if (st_req >= 2) stages = std::min(st_req, max_stages);
   stages = std::max(stages, 2);
+  // Paired consumers need the mask words in the ring (prefetch) and at least 3 stages (a turn
+  // holds the previous pair's two V stages while it waits for its two K stages).
+  const bool pair = env_int("SPARGE_GATHER_WS_PAIR", 0) == 1 && pf && stages >= 3;
   const bool f16 = plan.dtype == DType::f16;
-  AttnChoice c = d == 64 ? (f16 ? pick_ws<__half, 64>(consumers, stages, pf) : pick_ws<__nv_bfloat16, 64>(consumers, stages, pf))
-                         : (f16 ? pick_ws<__half, 128>(consumers, stages, pf) : pick_ws<__nv_bfloat16, 128>(consumers, stages, pf));
+  AttnChoice c = d == 64 ? (f16 ? pick_ws<__half, 64>(consumers, stages, pf, pair) : pick_ws<__nv_bfloat16, 64>(consumers, stages, pf, pair))
+                         : (f16 ? pick_ws<__half, 128>(consumers, stages, pf, pair) : pick_ws<__nv_bfloat16, 128>(consumers, stages, pf, pair));
   c.ws_arrive_wait = arrive_wait ? 1 : 0;
   c.ws_pingpong = env_int("SPARGE_GATHER_WS_PINGPONG", 1) != 0 ? 1 : 0;
   return c;
@@ -202,21 +215,23 @@ int device_major() {
 //                   in lockstep, so one's softmax overlaps the other's MMAs; each CTA gathers
 //                   the group's K/V itself, twice the L2 reads of 128-row tiles);
 //   mma             the portable kernel, 128-row tiles for groups of at least 128 rows, else 64;
-//   ws              the warp-specialized sm_90a kernel (attention_ws.cuh, select_ws above; opt-in;
-//                   since session 10 its attention step is 0.126-0.127 ms at PERF.md's shape against
-//                   0.131-0.133 for the default wgmma, s10r9 / s10r10: the default's candidate once a
-//                   round has run it as the default);
-//   unset / other   on sm_90: "wgmma" (BM 128, 3 stages, with the default prefetch) for groups
-//                   of at least 128 rows (H200 2026-11-30 session 5, 256-row groups: attention
-//                   0.133 ms against 0.145 for wgmma64 (the default before), 0.154-0.156 for
-//                   wgmma without prefetch, 0.168 ws, 0.179 / 0.190 mma64 / mma128), else "mma";
-//                   elsewhere "mma".
+//   ws              the warp-specialized sm_90a kernel (attention_ws.cuh, select_ws above; since
+//                   session 10 its attention step is 0.126-0.127 ms at PERF.md's shape against
+//                   0.131-0.133 for wgmma, s10r9 / s10r10);
+//   unset           on sm_90: "ws" for hd128 groups of at least 128 rows (session 11), "wgmma"
+//                   (BM 128, 3 stages, with the default prefetch) for hd64 groups of at least 128
+//                   rows (H200 2026-11-30 session 5, 256-row groups: attention 0.133 ms against
+//                   0.145 for wgmma64, 0.154-0.156 for wgmma without prefetch, 0.179 / 0.190
+//                   mma64 / mma128), else "mma"; elsewhere "mma". Another value: as unset,
+//                   without the ws default.
 // The wgmma kernels exist for sm_90 only; elsewhere a wgmma request takes the portable default.
 // (A per-row group is Hq/Hk rows, so a taller tile than the group is empty rows.)
 AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   const char* e = std::getenv("SPARGE_GATHER_PATH");
   std::string req = e != nullptr ? e : "";
-  if (req == "ws" && major == 9) {
+  // Unset on sm_90, hd128, groups of at least 128 rows: ws (session 11; see the list above).
+  const bool ws_default = e == nullptr && major == 9 && group_rows >= 128 && plan.d == 128;
+  if ((req == "ws" || ws_default) && major == 9) {
     const AttnChoice c = select_ws(plan, group_rows);
     if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return c;
   }
@@ -469,7 +484,7 @@ struct Profile {
     // The attention kernel's switches: "2 stages" (wgmma64), the ws ring, prefetch, L2 hint.
     std::string sw;
     if (ac.wgmma && !ac.ws && (ac.stages == 2 || ac.stages == 4)) sw += std::string(", ") + std::to_string(ac.stages) + " stages";
-    if (ac.ws) sw += std::string(", ") + std::to_string(ac.stages) + " stages, arrive " + (ac.ws_arrive_wait ? "wait" : "noinc") + (ac.ws_pingpong ? "" : ", no pingpong");
+    if (ac.ws) sw += std::string(", ") + std::to_string(ac.stages) + " stages, arrive " + (ac.ws_arrive_wait ? "wait" : "noinc") + (ac.ws_pingpong ? "" : ", no pingpong") + (ac.ws_pair ? ", paired" : "");
     if (ac.prefetch) sw += ", prefetch";
     if (l2_256) sw += ", L2::256B";
     std::fprintf(stderr,
