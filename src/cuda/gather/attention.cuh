@@ -54,6 +54,7 @@ struct AttnArgs {
   int ws_arrive_wait = 0;   // 1: producer threads wait for their copies, fence, then arrive (else noinc)
   int ws_pingpong = 1;      // two consumer warpgroups take turns issuing their wgmmas
   int ws_prefetch = 0;      // 1: union keys and mask words through shared memory (noinc mode only)
+  int o_vec16 = 0;          // 1: O has Q's dtype, contiguous 16-byte aligned rows (the staged epilogue)
   // The prefetching wgmma kernels only (SPARGE_GATHER_L2PF=256): K/V gathers carry the .L2::256B
   // prefetch-size hint (a 256-byte row at hd128 is fetched from DRAM as one unit).
   int l2_256 = 0;
@@ -105,6 +106,10 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+// cp_async16 of a source that is always read (no src-size operand, no zero-fill test).
+__device__ __forceinline__ void cp_async16_full(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 // cp_async16 with the .L2::256B prefetch-size hint (the L2 may fetch the whole aligned 256-byte
 // block around the source).

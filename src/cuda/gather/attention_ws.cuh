@@ -66,8 +66,8 @@
 namespace sparge::cuda::gather {
 
 constexpr int kWsMaxStages = 8;
-// Prefetch: a producer thread's keys of step s are copied at step s - kWsKeyAhead (ring of
-// kWsKeyAhead + 1 slots: the slot written at step blk is the one read at step blk - 1).
+// Prefetch: the union keys of step s are copied at step s - kWsKeyAhead into a ring of
+// kWsKeyAhead + 1 slots (the slot written at step blk is the one read at step blk - 1).
 constexpr int kWsKeyAhead = 4;
 constexpr int kWsKeySlots = kWsKeyAhead + 1;
 
@@ -89,16 +89,17 @@ struct WsShape {
   static constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
   static constexpr int tile_bytes(int d) { return 64 * d * 2; }
   static constexpr int barrier_bytes(int stages) { return 8 * (1 + 4 * stages); }
-  // Prefetch (a.ws_prefetch): each producer thread's own union keys, kWsKeyAhead steps ahead, in
-  // kWsKeySlots slots of D / 16 ints per thread; the BM rows' mask words per stage.
-  static constexpr int pf_bytes(int d, int stages) { return kWsKeySlots * (d / 16) * 128 * 4 + stages * kBM * 8; }
+  // Prefetch (a.ws_prefetch): the union keys, kWsKeyAhead steps ahead, in kWsKeySlots slots of a
+  // step's 64 ints; the BM rows' mask words per stage.
+  static constexpr int pf_key_bytes() { return kWsKeySlots * kBN * 4; }
+  static constexpr int pf_bytes(int stages) { return pf_key_bytes() + stages * kBM * 8; }
   // Q (C tiles) + stages x (K, V), plus 1024 bytes: the slack that aligns the tiles to the
   // 1024-byte swizzle atom also holds the barriers when it is large enough, else they follow the
   // tiles (barrier_bytes <= 264 < 1024, so the sum is enough either way). With prefetch, its
   // buffers follow the tiles, 512 bytes further when the barriers are there (pad < 264, so
   // pad + 512 < 1024).
   static constexpr int smem_bytes(int d, int stages, bool prefetch = false) {
-    return (C + 2 * stages) * tile_bytes(d) + 1024 + (prefetch ? pf_bytes(d, stages) : 0);
+    return (C + 2 * stages) * tile_bytes(d) + 1024 + (prefetch ? pf_bytes(stages) : 0);
   }
 };
 
@@ -119,20 +120,76 @@ __device__ __forceinline__ void fence_regs(std::uint32_t (&p)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[i][e])::"memory");
 }
 
-// The producer's copies of one K (or V) tile: thread pt owns chunk pt % kChunks of rows
-// pt / kChunks + it * (128 / kChunks); key[it] < 0: past the union (zero-filled).
-template <class T, int D>
-__device__ __forceinline__ void ws_copy_tile(const T* src, std::int64_t row_stride, const int (&key)[D / 16],
-                                             unsigned char* dst, int pt) {
-  constexpr int kChunks = D / 8;
-  constexpr int kRowStep = 128 / kChunks;
-  const int chunk = pt % kChunks;
+// The producer's rows (session 11): thread pt copies 16-byte chunk c = pt % kChunks of the kIt
+// consecutive rows rg * kIt .. rg * kIt + kIt - 1 of a step, rg = pt / kChunks (kIt = D / 16: 8
+// rows at hd128, 4 at hd64), so its union keys are kIt consecutive ints (one or two 16-byte
+// reads) and a warp's copies still cover whole 256-byte (128-byte) rows. A row's address is one
+// IMAD.WIDE.U32: `base` is the thread's chunk in row 0 of the (b, kv head) slice, `row_bytes` the
+// row stride in bytes (the host keeps it below 2^31). kTail: the step may run past the union's
+// end, where key < 0 and the copy zero-fills (no read); other steps copy without the test.
+template <int D, bool kTail>
+__device__ __forceinline__ void ws_copy_rows(const char* base, unsigned row_bytes, const int (&key)[D / 16],
+                                             unsigned char* dst, int rg, int c) {
+  constexpr int kIt = D / 16;
 #pragma unroll
-  for (int it = 0; it < D / 16; ++it) {
-    const int row = pt / kChunks + it * kRowStep;
-    const bool valid = key[it] >= 0;
-    const std::int64_t j = valid ? key[it] : 0;
-    cp_async16(dst + sw128(row, chunk), src + j * row_stride + chunk * 8, valid);
+  for (int it = 0; it < kIt; ++it) {
+    const bool valid = !kTail || key[it] >= 0;
+    const unsigned j = valid ? static_cast<unsigned>(key[it]) : 0u;
+    const char* src = base + static_cast<unsigned long long>(j) * row_bytes;
+    if (kTail) {
+      cp_async16(dst + sw128(rg * kIt + it, c), src, valid);
+    } else {
+      cp_async16_full(dst + sw128(rg * kIt + it, c), src);
+    }
+  }
+}
+
+// The epilogue of one consumer warpgroup through shared memory (a.o_vec16: O of Q's dtype with
+// contiguous, 16-byte aligned rows): each thread writes its rows' normalised values as packed
+// pairs into `stage` (the warpgroup's 64 x D Q tile, chunk c of row r at (c ^ (r & 7)) * 16:
+// conflict-free for the accumulator layout), the warpgroup meets at named barrier `bar`, then
+// every thread stores whole 16-byte chunks of rows (kChunks per row, consecutive threads on
+// consecutive chunks). The values and LSE are the register epilogue's (attention.cuh, epilogue),
+// bit for bit: the same products, the same round-to-nearest packing. Rows past the group's end
+// are not stored. wr0: the group row of the warpgroup's first row; ct: thread within it.
+template <class T, int D>
+__device__ __forceinline__ void epilogue_staged(const AttnArgs& a, const GroupPos& gp, const float (&o)[D / 8][4],
+                                                const float (&m)[2], const float (&l)[2], unsigned char* stage, int wr0,
+                                                int warp, int lane, int ct, int bar) {
+  constexpr int kDT = D / 8, kChunks = D / 8, kRowBytes = D * 2;
+  const Geometry& geo = a.geo;
+  const int tq = lane & 3;
+#pragma unroll
+  for (int hrow = 0; hrow < 2; ++hrow) {
+    float sum = l[hrow];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = warp * 16 + (lane >> 2) + 8 * hrow;  // row within the warpgroup's 64
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) {
+      const std::uint32_t v = Mma<T>::pack(o[d][hrow * 2] * inv, o[d][hrow * 2 + 1] * inv);
+      *reinterpret_cast<std::uint32_t*>(stage + r * kRowBytes + ((d ^ (r & 7)) << 4) + tq * 4) = v;
+    }
+    const int gr = wr0 + r;
+    if (a.lse != nullptr && tq == 0 && gr < gp.rows) {
+      const std::int64_t i = gp.i0 + gr / geo.g;
+      const std::int64_t h = gp.hk * geo.g + gr % geo.g;
+      const float m_use = m[hrow] == -INFINITY ? 0.0f : m[hrow];
+      a.lse[gp.b * a.l0 + h * a.l1 + i * a.l2] = sum > 0.0f ? m_use * 0.69314718055994531f + logf(sum) : -INFINITY;
+    }
+  }
+  ::sparge::cuda::attn::sm90::named_barrier_sync(bar, 128);
+#pragma unroll
+  for (int it = 0; it < 64 * kChunks / 128; ++it) {
+    const int idx = ct + it * 128;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int gr = wr0 + r;
+    if (gr >= gp.rows) continue;
+    const int4 v = *reinterpret_cast<const int4*>(stage + r * kRowBytes + ((c ^ (r & 7)) << 4));
+    const std::int64_t i = gp.i0 + gr / geo.g;
+    const std::int64_t h = gp.hk * geo.g + gr % geo.g;
+    *reinterpret_cast<int4*>(static_cast<T*>(a.o) + gp.b * a.o0 + i * a.o1 + h * a.o2 + c * 8) = v;
   }
 }
 
@@ -164,11 +221,11 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
   std::uint64_t* v_full = bars + 1 + stages;
   std::uint64_t* k_empty = bars + 1 + 2 * stages;
   std::uint64_t* v_empty = bars + 1 + 3 * stages;
-  // Prefetch buffers (a.ws_prefetch): keys [kWsKeySlots][D / 16][128 threads], then the mask
-  // words [stages][BM].
+  // Prefetch buffers (a.ws_prefetch): the union keys [kWsKeySlots][64], then the mask words
+  // [stages][BM].
   const bool prefetch = a.ws_prefetch != 0;
   std::int32_t* pf_keys = reinterpret_cast<std::int32_t*>(skv + 2 * stages * kTile + (pad >= bar_bytes ? 0 : 512));
-  unsigned long long* pf_masks = reinterpret_cast<unsigned long long*>(pf_keys + kWsKeySlots * kIt * 128);
+  unsigned long long* pf_masks = reinterpret_cast<unsigned long long*>(pf_keys + kWsKeySlots * kBN);
 
   const Geometry& geo = a.geo;
   const int w = static_cast<int>(blockIdx.y);
@@ -210,57 +267,70 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
         cp_async_arrive_noinc(q_full);
       }
     }
-    const T* kb = static_cast<const T*>(a.k) + gp.b * a.k0 + gp.hk * a.k2;
-    const T* vb = static_cast<const T*>(a.v) + gp.b * a.v0 + gp.hk * a.v2;
-    // The union keys of this thread's rows, one step ahead (L2 latency off the issue path).
-    auto load_keys = [&](int blk, int (&key)[kIt]) {
-#pragma unroll
-      for (int it = 0; it < kIt; ++it) {
-        const int u = blk * kBN + pt / kChunks + it * (128 / kChunks);
-        key[it] = blk < nblk && u < U ? keys[u] : -1;
+    const int c = pt % kChunks, rg = pt / kChunks;
+    const char* kb = reinterpret_cast<const char*>(static_cast<const T*>(a.k) + gp.b * a.k0 + gp.hk * a.k2 + c * 8);
+    const char* vb = reinterpret_cast<const char*>(static_cast<const T*>(a.v) + gp.b * a.v0 + gp.hk * a.v2 + c * 8);
+    const unsigned k_row = static_cast<unsigned>(a.k1 * static_cast<std::int64_t>(sizeof(T)));
+    const unsigned v_row = static_cast<unsigned>(a.v1 * static_cast<std::int64_t>(sizeof(T)));
+    const int u_mine = rg * kIt;  // this thread's first row (union position) within a step
+    // Prefetch: the 64 union keys of step s into ring slot `slot`, 16 bytes per copy, each copied
+    // by a lane of the warp whose rows they are (lanes with c < kIt / 4), so that the warp's own
+    // wait + __syncwarp hands them over (no cross-warp barrier). Zero-filled from U on (the reader
+    // tests u < U); a chunk that starts below U stays within the group's row of union_keys (ucap
+    // is a multiple of 4). One commit group per step.
+    auto copy_keys = [&](int s, int slot) {
+      if (c < kIt / 4) {
+        const int u0 = s * kBN + u_mine + 4 * c;
+        const bool valid = u0 < U;
+        cp_async16(pf_keys + slot * kBN + u_mine + 4 * c, keys + (valid ? u0 : 0), valid);
       }
     };
-    // Prefetch: this thread's keys of step s into its own slot (4-byte copies, zero past U; the
-    // validity is recomputed from U when read), one commit group per step.
-    auto copy_my_keys = [&](int s, int slot) {
-#pragma unroll
-      for (int it = 0; it < kIt; ++it) {
-        const int u = s * kBN + pt / kChunks + it * (128 / kChunks);
-        const bool valid = u < U;
-        cp_async4(pf_keys + (slot * kIt + it) * 128 + pt, keys + (valid ? u : 0), valid);
-      }
-    };
-    int key[kIt], key_next[kIt];
     int rk = 0, wk = kWsKeyAhead;  // prefetch: the slots read and written this step
     if (prefetch) {
       for (int s = 0; s < kWsKeyAhead; ++s) {
-        copy_my_keys(s, s);
+        copy_keys(s, s);
         cp_async_commit();
       }
-    } else {
-      load_keys(0, key);
     }
     int b = 0, b_prev = 0;
     std::uint32_t phase = 0;
 #pragma unroll 1
     for (int blk = 0; blk < nblk; ++blk) {
+      // This thread's keys of step blk (-1 past the union's end, only in the last step).
+      int key[kIt];
+      const bool tail = (blk + 1) * kBN > U;
       if (prefetch) {
         // Committed so far: kWsKeyAhead + blk groups; all but the newest kWsKeyAhead - 1 complete
-        // = the keys of steps 0 .. blk (this thread's own copies: no barrier needed).
+        // = the keys of steps 0 .. blk; the warp's barrier makes its lanes' copies visible to it.
         cp_async_wait<kWsKeyAhead - 1>();
+        __syncwarp();
+        const int* slot = pf_keys + rk * kBN + u_mine;
 #pragma unroll
-        for (int it = 0; it < kIt; ++it) {
-          const int u = blk * kBN + pt / kChunks + it * (128 / kChunks);
-          key[it] = u < U ? pf_keys[(rk * kIt + it) * 128 + pt] : -1;
+        for (int q4 = 0; q4 < kIt / 4; ++q4) {
+          const int4 k4 = *reinterpret_cast<const int4*>(slot + 4 * q4);
+          key[4 * q4 + 0] = k4.x;
+          key[4 * q4 + 1] = k4.y;
+          key[4 * q4 + 2] = k4.z;
+          key[4 * q4 + 3] = k4.w;
         }
       } else {
-        load_keys(blk + 1, key_next);
+        // (The diagnostic path: a dependent read of the keys right before their copies.)
+#pragma unroll
+        for (int it = 0; it < kIt; ++it) key[it] = keys[min(blk * kBN + u_mine + it, U - 1)];
+      }
+      if (tail) {
+#pragma unroll
+        for (int it = 0; it < kIt; ++it) key[it] = blk * kBN + u_mine + it < U ? key[it] : -1;
       }
       unsigned char* sk = skv + b * 2 * kTile;
       wg::barrier_wait(k_empty + b, phase ^ 1);
       // Prefetch: the rows' mask words of step blk into the stage, completed with K on k_full.
       if (prefetch) copy_step_masks(a.scratch.masks + w * a.scratch.words_cap * geo.rows, geo, gp, nblk, row0, Sh::kBM, blk, pf_masks + b * Sh::kBM, pt);
-      ws_copy_tile<T, D>(kb, a.k1, key, sk, pt);
+      if (tail) {
+        ws_copy_rows<D, true>(kb, k_row, key, sk, rg, c);
+      } else {
+        ws_copy_rows<D, false>(kb, k_row, key, sk, rg, c);
+      }
       if (wait_mode) {
         cp_async_commit();
         if (blk > 0) {  // V of the previous step: every group but K_blk has landed
@@ -272,7 +342,11 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
         cp_async_arrive_noinc(k_full + b);
       }
       wg::barrier_wait(v_empty + b, phase ^ 1);
-      ws_copy_tile<T, D>(vb, a.v1, key, sk + kTile, pt);
+      if (tail) {
+        ws_copy_rows<D, true>(vb, v_row, key, sk + kTile, rg, c);
+      } else {
+        ws_copy_rows<D, false>(vb, v_row, key, sk + kTile, rg, c);
+      }
       if (wait_mode) {
         cp_async_commit();
         cp_async_wait<1>();  // K_blk has landed (V_blk may still be in flight)
@@ -282,13 +356,10 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
         cp_async_arrive_noinc(v_full + b);
       }
       if (prefetch) {
-        copy_my_keys(blk + kWsKeyAhead, wk);
+        copy_keys(blk + kWsKeyAhead, wk);
         cp_async_commit();
         rk = rk == kWsKeySlots - 1 ? 0 : rk + 1;
         wk = wk == kWsKeySlots - 1 ? 0 : wk + 1;
-      } else {
-#pragma unroll
-        for (int it = 0; it < kIt; ++it) key[it] = key_next[it];
       }
       b_prev = b;
       if (++b == stages) {
@@ -343,6 +414,9 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
     float l[2] = {0.0f, 0.0f};
     float alpha[2];
     const std::uint32_t q_addr = smem_addr(sq + cw * kTile);
+    // Descriptors as a base per tile plus each k-step's constant offset (sm90/wgmma.cuh, DescBase:
+    // the same bits as k_major_desc / mn_major_desc); Q's base once per CTA.
+    const wg::DescBase qd = wg::k_major_base(q_addr);
     if (pingpong && cw == 1) wg::named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
     acquire(q_full, 0);
     if constexpr (kPair) {
@@ -355,23 +429,25 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       std::uint32_t p[2 * kKK][4];
       auto half = [&](int h) -> float(&)[kNT][4] { return *reinterpret_cast<float(*)[kNT][4]>(&s[h * kNT][0]); };
       auto issue_qk2 = [&](int st0, int st1) {
-        const std::uint32_t k0 = smem_addr(skv + st0 * 2 * kTile), k1 = smem_addr(skv + st1 * 2 * kTile);
+        const wg::DescBase kd0 = wg::k_major_base(smem_addr(skv + st0 * 2 * kTile));
+        const wg::DescBase kd1 = wg::k_major_base(smem_addr(skv + st1 * 2 * kTile));
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          wg::Wgmma<T, 64>::ss(half(0), wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k0, kSlab, ks), ks > 0 ? 1 : 0);
+          wg::Wgmma<T, 64>::ss(half(0), qd.at(wg::k_major_offset(kSlab, ks)), kd0.at(wg::k_major_offset(kSlab, ks)), ks > 0 ? 1 : 0);
         }
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          wg::Wgmma<T, 64>::ss(half(1), wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k1, kSlab, ks), ks > 0 ? 1 : 0);
+          wg::Wgmma<T, 64>::ss(half(1), qd.at(wg::k_major_offset(kSlab, ks)), kd1.at(wg::k_major_offset(kSlab, ks)), ks > 0 ? 1 : 0);
         }
         wg::wgmma_commit();
       };
       auto issue_pv2 = [&](int st0, int st1) {
-        const std::uint32_t v0 = smem_addr(skv + st0 * 2 * kTile + kTile), v1 = smem_addr(skv + st1 * 2 * kTile + kTile);
+        const wg::DescBase vd0 = wg::mn_major_base(smem_addr(skv + st0 * 2 * kTile + kTile), kSlab);
+        const wg::DescBase vd1 = wg::mn_major_base(smem_addr(skv + st1 * 2 * kTile + kTile), kSlab);
 #pragma unroll
-        for (int kk = 0; kk < kKK; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], wg::mn_major_desc(v0, kSlab, kk));
+        for (int kk = 0; kk < kKK; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], vd0.at(wg::mn_major_offset(kk)));
 #pragma unroll
-        for (int kk = 0; kk < kKK; ++kk) wg::Wgmma<T, D>::rs(o, p[kKK + kk], wg::mn_major_desc(v1, kSlab, kk));
+        for (int kk = 0; kk < kKK; ++kk) wg::Wgmma<T, D>::rs(o, p[kKK + kk], vd1.at(wg::mn_major_offset(kk)));
         wg::wgmma_commit();
       };
       auto rescale_and_pack2 = [&] {
@@ -480,17 +556,17 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       float s[kNT][4];
       std::uint32_t p[kBN / 16][4];
       auto issue_qk = [&](int st) {
-        const std::uint32_t k_addr = smem_addr(skv + st * 2 * kTile);
+        const wg::DescBase kd = wg::k_major_base(smem_addr(skv + st * 2 * kTile));
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          wg::Wgmma<T, 64>::ss(s, wg::k_major_desc(q_addr, kSlab, ks), wg::k_major_desc(k_addr, kSlab, ks), ks > 0 ? 1 : 0);
+          wg::Wgmma<T, 64>::ss(s, qd.at(wg::k_major_offset(kSlab, ks)), kd.at(wg::k_major_offset(kSlab, ks)), ks > 0 ? 1 : 0);
         }
         wg::wgmma_commit();
       };
       auto issue_pv = [&](int st) {
-        const std::uint32_t v_addr = smem_addr(skv + st * 2 * kTile + kTile);
+        const wg::DescBase vd = wg::mn_major_base(smem_addr(skv + st * 2 * kTile + kTile), kSlab);
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], wg::mn_major_desc(v_addr, kSlab, kk));
+        for (int kk = 0; kk < kBN / 16; ++kk) wg::Wgmma<T, D>::rs(o, p[kk], vd.at(wg::mn_major_offset(kk)));
         wg::wgmma_commit();
       };
       // O *= alpha (after the previous PV has retired), then P packed (per warp the A-fragment layout
@@ -602,7 +678,12 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       }
     }
     if (pingpong && cw == 0) wg::named_barrier_sync(kTurnBarrier + 0, 256);  // warpgroup 1's last turn_end
-    epilogue<T, kDT>(a, gp, o, m, l, gr_lo, tq);
+    if (a.o_vec16) {
+      // O through the warpgroup's own Q tile (its wgmmas are done with it): 16-byte row stores.
+      epilogue_staged<T, D>(a, gp, o, m, l, sq + cw * kTile, row0 + cw * 64, warp, lane, ct, 4 + cw);
+    } else {
+      epilogue<T, kDT>(a, gp, o, m, l, gr_lo, tq);
+    }
   }
 #else
   __trap();  // the host selects this kernel on sm_90 only

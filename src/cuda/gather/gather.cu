@@ -56,6 +56,9 @@ struct GatherPlan {
   Status status;
   DType dtype = DType::f16;
   std::int64_t d = 0;
+  // K and V row strides in bytes below 2^31: the ws producer's 32-bit row offsets
+  // (attention_ws.cuh, ws_copy_rows); else the ws kernel is not chosen.
+  bool rows32 = false;
 };
 
 // One attention kernel with its launch shape.
@@ -170,7 +173,7 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   // SPARGE_GATHER_PREFETCH=1 with the noinc producer only (the wait mode counts commit groups).
   const bool pf = prefetch_on() && !arrive_wait;
   // Prefetch buffers: the per-thread key ring (fixed) + BM mask words per stage.
-  const int pf_fixed = pf ? gather::kWsKeySlots * (d / 16) * 128 * 4 : 0;
+  const int pf_fixed = pf ? gather::WsShape<1>::pf_key_bytes() : 0;
   const int pf_stage = pf ? 64 * consumers * 8 : 0;
   constexpr int kSmemMax = 227 * 1024;     // one CTA per SM
   constexpr int kSmemHalf = 113 * 1024;    // two CTAs per SM (228 KB less 1 KB per CTA, halved)
@@ -231,7 +234,7 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   std::string req = e != nullptr ? e : "";
   // Unset on sm_90, hd128, groups of at least 128 rows: ws (session 11; see the list above).
   const bool ws_default = e == nullptr && major == 9 && group_rows >= 128 && plan.d == 128;
-  if ((req == "ws" || ws_default) && major == 9) {
+  if ((req == "ws" || ws_default) && major == 9 && plan.rows32) {
     const AttnChoice c = select_ws(plan, group_rows);
     if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return c;
   }
@@ -338,6 +341,8 @@ GatherPlan select_gather(const GatherAttentionParams& p) {
   const std::int64_t d = p.q.shape[3];
   plan.d = d;
   plan.dtype = p.q.dtype;
+  const std::int64_t el = p.q.dtype == DType::f32 ? 4 : 2;
+  plan.rows32 = p.k.stride[1] * el < (std::int64_t{1} << 31) && p.v.stride[1] * el < (std::int64_t{1} << 31);
   if (d != 64 && d != 128) {
     return fail(unsupported(detail::cat(kOp, ": head dim q.shape[3] = ", d, " is not supported on cuda (expected 64 or 128)")));
   }
@@ -652,6 +657,8 @@ Status gather_attention(const GatherAttentionParams& p) {
   aa.ws_arrive_wait = ac.ws_arrive_wait;
   aa.ws_pingpong = ac.ws_pingpong;
   aa.ws_prefetch = ac.ws && ac.prefetch ? 1 : 0;
+  // The ws kernel's staged epilogue: O of Q's dtype, head dim contiguous, 16-byte aligned rows.
+  aa.o_vec16 = ac.ws && p.o.dtype == p.q.dtype && aligned16(p.o) ? 1 : 0;
   // SPARGE_GATHER_L2PF=256 (read per call; opt-in, measured against the same path without it):
   // the .L2::256B hint on the K/V gathers of the prefetching wgmma kernels (the others ignore it;
   // in the ws producer the second copy loop cost spills at its 72 registers). A hint: same bytes,
