@@ -1541,7 +1541,7 @@ SPARGE_CASES(GatherGpuKv) {
                      std::vector<unsigned char> ref;
                      // union_variant: SPARGE_GATHER_UNION_VARIANT (nullptr: the default, 5; 3 was the
                      // default before kRowBitmaps).
-                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; const char* union_variant = nullptr; const char* ws_pair = nullptr; };
+                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; const char* union_variant = nullptr; const char* ws_pair = nullptr; const char* pdl = nullptr; };
                      const Variant vs[] = {{"q", true, nullptr, nullptr},   {"kv", true, nullptr, nullptr},  {"q", true, "mma", nullptr},
                                            {"kv", true, "mma", nullptr},    {"q", true, "wgmma", nullptr},   {"kv", true, "wgmma", nullptr},
                                            {"kv", true, nullptr, "4"},      {"kv", true, "wgmma", "4"},      {"q", false, nullptr, nullptr},
@@ -1553,7 +1553,9 @@ SPARGE_CASES(GatherGpuKv) {
                                            {"q", true, nullptr, nullptr, "4"}, {"kv", true, nullptr, nullptr, "4"},
                                            {"q", true, nullptr, nullptr, "7"}, {"kv", true, nullptr, nullptr, "7"},
                                            {"q", true, "ws", nullptr, nullptr, "1"}, {"kv", true, "ws", nullptr, nullptr, "1"},
-                                           {"kv", true, "wgmma", nullptr}, {"kv", true, "ws", nullptr}, {"kv", true, "ws", nullptr, nullptr, "1"}};
+                                           {"kv", true, "wgmma", nullptr}, {"kv", true, "ws", nullptr}, {"kv", true, "ws", nullptr, nullptr, "1"},
+                                           {"q", true, nullptr, nullptr, nullptr, nullptr, "1"}, {"kv", true, nullptr, nullptr, nullptr, nullptr, "1"},
+                                           {"kv", true, nullptr, nullptr}};
                      for (const Variant& v : vs) {
                        const bool kvl = std::strcmp(v.layout, "kv") == 0;
                        pp.use_lists(kvl);
@@ -1562,6 +1564,7 @@ SPARGE_CASES(GatherGpuKv) {
                        ScopedEnv e2("SPARGE_GATHER_OVERLAP", v.overlap);
                        ScopedEnv e4("SPARGE_GATHER_UNION_VARIANT", v.union_variant);
                        ScopedEnv e5("SPARGE_GATHER_WS_PAIR", v.ws_pair);
+                       ScopedEnv e6("SPARGE_GATHER_PDL", v.pdl);
                        std::vector<float> ms;
                        ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms));
                        const double med = ms[ms.size() / 2];
@@ -1573,10 +1576,10 @@ SPARGE_CASES(GatherGpuKv) {
                        const std::vector<unsigned char> out = o.download();
                        if (ref.empty()) ref = out;
                        const double diff = max_abs_diff16(out, ref, c.t);
-                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
+                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s%s%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
                                    "%.1f TFLOPS on attended keys; union overlap (union / sum of distinct lists per group) = %.4f; "
                                    "max |O - O(first)| = %.2e\n",
-                                   kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.ws_pair ? " paired" : "",
+                                   kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.ws_pair ? " paired" : "", v.pdl ? " pdl" : "",
                                    v.overlap ? v.overlap : "off",
                                    v.union_variant ? v.union_variant : "5", med,
                                    ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, overlap, diff);

@@ -157,6 +157,15 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 // scores and scaled once (scale > 0, validated, and rounding is monotonic, so m is the max of the
 // scaled scores bit for bit), and every probability is ex2(fma(s, scale*log2e, -m)): one FFMA and
 // one MUFU per element (it was an FMUL, an FADD and exp2f's range test).
+// t[0] = op over t[0 .. 2 W) as a pairwise tree: t[i] = op(t[i], t[i + W]) for i < W, then W / 2,
+// ... (compile-time widths, so t stays in registers).
+template <int W, class Op>
+__device__ __forceinline__ void tree_fold(float* t, Op op) {
+#pragma unroll
+  for (int i = 0; i < W; ++i) t[i] = op(t[i], t[i + W]);
+  if constexpr (W > 1) tree_fold<W / 2>(t, op);
+}
+
 // `mask[hrow][w]`: row hrow's mask word of the w-th 64 columns (kNT / 8 words: one per 64-key
 // step, two for the ws kernel's paired steps).
 template <int kNT, bool kFast = false>
@@ -166,20 +175,14 @@ __device__ __forceinline__ void softmax_probs(float (&s)[kNT][4], float (&m)[2],
   static_assert(kNT % 8 == 0, "whole 64-column mask words");
 #pragma unroll
   for (int hrow = 0; hrow < 2; ++hrow) {
-    float mx = -INFINITY;
+    float mx;
     // kFast (the warp-specialized kernel): `full` is warp-uniform (every mask word of the warp's
     // rows all ones: kv-head lists, or a union that every row of the group listed whole), and its
     // branch has no per-element mask test (H200 ncu, session 10: the test was ~4 instructions per
     // element in the wgmma kernel's step). Same arithmetic on every kept element either way. The
     // other kernels keep the select per element: with the branch the wgmma kernel's step took
     // 0.136 ms against 0.132, the mma.sync BM 64 one 2.43 against 2.23 (s10r9).
-    if (kFast && full) {
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) mx = fmaxf(mx, s[n][hrow * 2 + e]);
-      }
-    } else {
+    if (!(kFast && full)) {
 #pragma unroll
       for (int n = 0; n < kNT; ++n) {
 #pragma unroll
@@ -187,9 +190,20 @@ __device__ __forceinline__ void softmax_probs(float (&s)[kNT][4], float (&m)[2],
           const int col = (n % 8) * 8 + tq * 2 + e;
           float& x = s[n][hrow * 2 + e];
           x = (full || ((mask[hrow][n / 8] >> col) & 1ull)) ? x : -INFINITY;
-          mx = fmaxf(mx, x);
         }
       }
+    }
+    // The row's max as a tree (depth log2(2 kNT) instead of a chain of 2 kNT dependent FMNMX;
+    // max is exact, so any order gives the same value).
+    {
+      float t[2 * kNT];
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+        t[2 * n] = s[n][hrow * 2];
+        t[2 * n + 1] = s[n][hrow * 2 + 1];
+      }
+      tree_fold<kNT>(t, [](float x, float y) { return fmaxf(x, y); });
+      mx = t[0];
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -199,17 +213,19 @@ __device__ __forceinline__ void softmax_probs(float (&s)[kNT][4], float (&m)[2],
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
     const float neg = -m_use;
     alpha[hrow] = ex2_ftz(m[hrow] - m_use);
-    float sum0 = 0.0f, sum1 = 0.0f;
+    // The probabilities, and their sum as a pairwise tree (the same order on every path).
+    float t[2 * kNT];
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
       float& x0 = s[n][hrow * 2];
       float& x1 = s[n][hrow * 2 + 1];
       x0 = ex2_ftz(fmaf(x0, scale_log2, neg));
       x1 = ex2_ftz(fmaf(x1, scale_log2, neg));
-      sum0 += x0;
-      sum1 += x1;
+      t[2 * n] = x0;
+      t[2 * n + 1] = x1;
     }
-    l[hrow] = l[hrow] * alpha[hrow] + (sum0 + sum1);
+    tree_fold<kNT>(t, [](float x, float y) { return x + y; });
+    l[hrow] = l[hrow] * alpha[hrow] + t[0];
     m[hrow] = m_new;
   }
 }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/func_attr.h"
 #include "cuda/gather/attention.cuh"
 #include "cuda/gather/attention_wgmma.cuh"
 #include "cuda/gather/attention_ws.cuh"
@@ -196,18 +197,10 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
 
 // Whether the device runs `fn` from code compiled for sm_90 or later (clusters, wgmma), rather
 // than from older PTX compiled just in time.
-bool sm90_binary(const void* fn) {
-  cudaFuncAttributes fa{};
-  return cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.ptxVersion >= 90;
-}
+// (Both read once per device and kernel: cuda/func_attr.h.)
+bool sm90_binary(const void* fn) { return func_ptx_version(fn) >= 90; }
 
-int device_major() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    return 0;
-  }
-  return major;
-}
+int device_major() { return current_device_major(); }
 
 // The attention kernel of a call. SPARGE_GATHER_PATH (read on every call, so one process can
 // compare them):
@@ -668,13 +661,12 @@ Status gather_attention(const GatherAttentionParams& p) {
   const int attn_threads = ac.threads, attn_smem = ac.smem, tile_rows = ac.tile_rows;
   // The union kernel of the path set_ctas chose (re-picked by the 1-CTA fallback below).
   auto union_fn = [&ua] { return ua.rowbm_off >= 0 ? gather::union_kernel<true> : gather::union_kernel<false>; };
-  e = cudaFuncSetAttribute(union_fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem);
+  // Set once per device and kernel (cuda/func_attr.h: these driver calls were ~1 us each per call).
+  e = ensure_dynamic_smem(reinterpret_cast<const void*>(union_fn()), union_smem);
+  if (e == cudaSuccess) e = ensure_dynamic_smem(reinterpret_cast<const void*>(attn), attn_smem);
   // A hint (two 84 KB CTAs of the 2-stage wgmma kernel per SM need the largest carveout); its
   // failure would only cost occupancy, so it is cleared rather than reported.
-  if (e == cudaSuccess && cudaFuncSetAttribute(attn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
-    (void)cudaGetLastError();
-  }
+  if (e == cudaSuccess) prefer_max_shared(reinterpret_cast<const void*>(attn));
   if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
   const unsigned row_tiles = static_cast<unsigned>((geo.rows + tile_rows - 1) / tile_rows);
   Profile prof(stream);
@@ -726,7 +718,7 @@ Status gather_attention(const GatherAttentionParams& p) {
       // group instead, for this and every later wave.
       (void)cudaGetLastError();
       set_ctas(1);
-      e = cudaFuncSetAttribute(union_fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
+      e = ensure_dynamic_smem(reinterpret_cast<const void*>(union_fn()), union_smem);
       if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
       cfg.gridDim = dim3(n);
       cfg.dynamicSmemBytes = static_cast<size_t>(union_smem);
