@@ -957,15 +957,17 @@ void gather_case(const GCase& c, const std::string& name, Layout layout) {
 }
 
 // GATHER_GPU_RELAUNCH / GATHER_GPU_KV_RELAUNCH: 200 launches per-row and with the union, every
-// one bitwise equal to the first.
-void relaunch_case(const std::string& salt, Layout layout) {
+// one bitwise equal to the first. GATHER_GPU_WS_RELAUNCH: 400 launches with the union of 256-row
+// groups at hd128 (the ws kernel, the sm_90 default there; union only).
+void relaunch_case(const std::string& salt, Layout layout, const GCase& c = {1, 8, 2, 96, 700, 128, 128, DType::f16, true, false, 0.05, 16},
+                   int runs = 200, bool union_only = false) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  const GCase c{1, 8, 2, 96, 700, 128, 128, DType::f16, true, false, 0.05, 16};
   const LayoutLists l = layout_lists(make_gather(c, salt), layout, 0);
   for (bool uni : {false, true}) {
+    if (union_only && !uni) continue;
     const GOut first = l.run(Backend::cuda, uni);
     ASSERT_TRUE(first.st.ok()) << first.st.message();
-    for (int run = 1; run < 200; ++run) {
+    for (int run = 1; run < runs; ++run) {
       const GOut again = l.run(Backend::cuda, uni);
       ASSERT_EQ(std::memcmp(first.o.data(), again.o.data(), first.o.size() * 4), 0) << "run " << run;
       ASSERT_EQ(std::memcmp(first.lse.data(), again.lse.data(), first.lse.size() * 4), 0) << "run " << run;
@@ -1028,6 +1030,36 @@ SPARGE_CASES(GatherGpu) {
     cases.push_back({name, [c, name] { gather_case(c, name, Layout::q); }});
   }
   cases.push_back({"GATHER_GPU_RELAUNCH(runs=200x2,per_row+union)", [] { relaunch_case("GATHER_GPU_RELAUNCH", Layout::q); }});
+  // The ws kernel (hd128, 256-row groups; a 2-position tail group): per-query-head lists (masked
+  // steps) and per-kv-head lists (every warp's masks full), 400 launches each.
+  for (Layout layout : {Layout::q, Layout::kv}) {
+    const GCase c{1, 8, 2, 130, 4096, 128, 512, DType::f16, false, false, 0.05, 64, 0.02};
+    const std::string name = std::string("GATHER_GPU_WS_RELAUNCH(runs=400,union,") + (layout == Layout::kv ? "kv" : "q") + "_lists)";
+    cases.push_back({name, [c, layout] { relaunch_case("GATHER_GPU_WS_RELAUNCH", layout, c, 400, true); }});
+  }
+  // GATHER_GPU_WS_SMALL: one 160-row group at hd128 (two 128-row tiles, the second with 32 rows):
+  // the default (ws on sm_90) against the fp64 oracle with O in Q's dtype (the staged epilogue) and
+  // in f32 (the register epilogue), both list layouts, paired consumers too. Small enough for the
+  // sanitizers (racecheck / synccheck on the warpgroup barriers of the staged epilogue).
+  for (bool f32 : {false, true}) {
+    const GCase c{1, 4, 1, 40, 600, 128, 96, DType::f16, false, f32, 0.1, 32, 0.1};
+    cases.push_back({gname("GATHER_GPU_WS_SMALL", c), [c] {
+                       if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                       const GProblem g = make_gather(c, "GATHER_GPU_WS_SMALL");
+                       for (Layout layout : {Layout::q, Layout::kv}) {
+                         const LayoutLists l = layout_lists(g, layout, 0);
+                         std::vector<double> o_ref, lse_ref, o_lp, lse_lp;
+                         gather_reference(l.problem, false, o_ref, lse_ref);
+                         gather_reference(l.problem, true, o_lp, lse_lp);
+                         std::vector<float> o_lpf(o_lp.begin(), o_lp.end());
+                         const double lowp_err = max_abs_err(o_lpf, o_ref);
+                         const std::string what = layout == Layout::kv ? "kv" : "q";
+                         check_gather(l.run(Backend::cuda, true), o_ref, lse_ref, lowp_err, what + " default");
+                         ScopedEnv e0("SPARGE_GATHER_WS_PAIR", "1");
+                         check_gather(l.run(Backend::cuda, true), o_ref, lse_ref, lowp_err, what + " pair=1");
+                       }
+                     }});
+  }
   for (const BadList& bl : kBadLists) {
     cases.push_back({Name("GATHER_GPU_BADLIST")("what", bl.what), [bl] { badlist_case(bl, "GATHER_GPU_BADLIST", Layout::q); }});
   }
