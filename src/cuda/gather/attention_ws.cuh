@@ -1,7 +1,7 @@
-// gather_attention, step 2 on sm_90a, warp-specialized (SPARGE_GATHER_PATH=ws; opt-in, NOT RUN ON A
-// GPU yet): the tile walk of attention.cuh -- BM rows of one group over the group's union, 64 union
-// positions per step, each row masked by its own mask word -- split between roles as in the Hopper
-// block-sparse kernel (cuda/attention/sm90/kernel.cuh):
+// gather_attention, step 2 on sm_90a, warp-specialized (SPARGE_GATHER_PATH=ws; the default for hd128
+// groups of >= 128 rows since session 11, gather.cu): the tile walk of attention.cuh -- BM rows of
+// one group over the group's union, 64 union positions per step, each row masked by its own mask
+// word -- split between roles as in the Hopper block-sparse kernel (cuda/attention/sm90/kernel.cuh):
 //   * warpgroup 0, the producer (setmaxnreg down to kProducerRegs): its 128 threads load Q once and
 //     then gather the K and V rows of each step's 64 union positions with 16-byte cp.async straight
 //     into the 128-byte-swizzled layout the wgmma descriptors read (attention_wgmma.cuh, sw128;
@@ -23,6 +23,16 @@
 //
 // The tile invariant is attention.cuh's: one K/V load serves all BM rows because they read the
 // same kv head; each row keeps its own mask, so the rows are interchangeable for the loads only.
+//
+// Session 11 (H200, docs/benchmarks/2026-12-01-h200.md): the producer's rows are kIt consecutive
+// rows per thread (ws_copy_rows: 16-byte key copies, one IMAD.WIDE per row, no zero-fill test
+// outside the union's last step), the consumers' descriptors a base plus constant offsets, the
+// epilogue staged through the warpgroup's Q tile when O allows 16-byte row stores; PERF.md's shape:
+// attention step 0.128 -> 0.090 ms together with the softmax changes of attention.cuh.
+// racecheck reports WAR hazards between the consumers' mask-word reads from the ring and the
+// producer's refill of the stage: they are ordered by the stage's mbarriers (each consumer warp's
+// __syncwarp + lane 0's arrive on k_empty, the producer's wait before the refill), which racecheck
+// does not model (with prefetch off, masks from global memory, it reports none).
 //
 // Handing cp.async writes to wgmma (the async proxy). cp.async (the non-bulk one) writes shared
 // memory through the generic proxy; wgmma reads its shared-memory operands through the async

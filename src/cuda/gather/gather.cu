@@ -3,8 +3,8 @@
 //   union.cuh      per group: sorted union of the rows' lists + each row's membership mask;
 //   attention.cuh  flash attention of BM rows of a group over the union, masked per row
 //                  (mma.sync, sm_80+); attention_wgmma.cuh the same walk with wgmma (sm_90a),
-//                  attention_ws.cuh warp-specialized (sm_90a, opt-in), chosen per call by
-//                  SPARGE_GATHER_PATH (select_attention below).
+//                  attention_ws.cuh warp-specialized (sm_90a; the default for hd128 groups of
+//                  >= 128 rows), chosen per call by SPARGE_GATHER_PATH (select_attention below).
 // Tiles: with group_union, a group is the Hq/Hk heads of one kv head x union_rows consecutive query
 // positions, so adjacent tokens that select overlapping keys share each K/V load. Without it, a
 // group is the Hq/Hk heads of one kv head at ONE query position: the path that always runs, with
@@ -146,15 +146,15 @@ int env_int(const char* name, int fallback) {
 // 0.133 ms with it (~0.155 without); wgmma64 and ws unchanged (0.145-0.148, 0.168-0.170).
 bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 1) != 0; }
 
-// SPARGE_GATHER_PATH=ws (sm_90a; opt-in): the warp-specialized kernel. Its switches,
-// read on every call (every variant walks the union in the same order with the same per-row
+// SPARGE_GATHER_PATH=ws (sm_90a; the default for hd128 groups of >= 128 rows): the warp-specialized
+// kernel. Its switches, read on every call (every variant walks the union in the same order with the same per-row
 // arithmetic, so the results are expected to be bitwise the same; the tests check each variant
 // against the fp64 oracle, not against each other):
 //   SPARGE_GATHER_WS_WG = 1 | 2      consumer warpgroups (BM 64 / 128); default 2 for groups of
 //                                    more than 64 rows, else 1 (a second warpgroup would hold only
 //                                    rows past the group's end);
 //   SPARGE_GATHER_WS_STAGES = 2..8   K/V ring stages, clamped to what 227 KB hold; default: the
-//                                    most that fit (BM 128: 6 at hd128, 8 at hd64), with BM 64 the
+//                                    most that fit (BM 128 at hd128: 5 with prefetch), with BM 64 the
 //                                    most that let two CTAs share an SM (3 at hd128, 6 at hd64);
 //   SPARGE_GATHER_WS_ARRIVE = wait   producer threads wait for their copies, fence and arrive
 //                                    (default noinc: cp.async.mbarrier.arrive.noinc; attention_ws.cuh);
@@ -162,7 +162,9 @@ bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 1) != 0; }
 //   SPARGE_GATHER_WS_PAIR = 1        hd128, BM 128, prefetch, >= 3 stages: the consumers take two
 //                                    stages (128 union positions) per turn: one max, one O rescale,
 //                                    one pair of waits and turns per 128 keys (session 11; not
-//                                    bitwise the unpaired result: the running max moves per 128).
+//                                    bitwise the unpaired result: the running max moves per 128;
+//                                    H200 s11r6 / s11r7: attention step 0.088 ms against 0.090,
+//                                    whole call 1-2%: kept opt-in).
 AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   int consumers = group_rows > 64 ? 2 : 1;
   const int wg_req = env_int("SPARGE_GATHER_WS_WG", 0);
@@ -677,8 +679,8 @@ Status gather_attention(const GatherAttentionParams& p) {
     prof.on = false;  // the split is not measurable with events on one stream
   }
   const cudaStream_t ustream = slots == 2 ? side.s : stream;
-  // SPARGE_GATHER_PDL=1 (read per call; opt-in until measured): the wgmma / ws attention kernel
-  // (which waits for the union kernel's outputs with griddepcontrol.wait) is launched with
+  // SPARGE_GATHER_PDL=1 (read per call; opt-in: measured even with ws, s11r6 / s11r7): the wgmma /
+  // ws attention kernel (which waits for the union kernel's outputs with griddepcontrol.wait) is launched with
   // programmatic stream serialization right after its union kernel on the same stream, so its
   // launch and first CTAs overlap the union's last ones. Not with the overlap mode (the union is
   // on another stream) or the profile (events between the kernels).
