@@ -223,21 +223,40 @@ __device__ __forceinline__ void stream_entries(const UnionArgs& a, const GroupPo
         load(w, cur.l4, nbase, n4);
       }
     }
+    // Bad indices and repeats are flagged once per batch and lane (the host re-reads a flagged list
+    // to name the entry, so the column recorded does not matter: 0). A batch whose 512 entries are
+    // all listed, without the causal bound (warp-uniform), tests only the index range per entry.
     std::uint32_t dup = 0;
+    bool bad = false;
+    if ((base + kBatch) * 4 <= cnt && !geo.causal) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int t0 = (base + k * 32 + lane) * 4;
-      const std::int32_t js[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+      for (int k = 0; k < 4; ++k) {
+        const std::int32_t js[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const std::int32_t j = js[c];
-        const bool listed = t0 + c < cnt;
-        const bool in_range = static_cast<std::uint32_t>(j) < static_cast<std::uint32_t>(sk);
-        if (record && listed && !in_range) flags::record(&a.flags[kBadIndex], cur.row_id, static_cast<std::uint32_t>(t0 + c));
-        const bool ok = listed && in_range && j <= cur.bound;
-        dup |= fn(gr, ok ? j : 0, ok);
+        for (int c = 0; c < 4; ++c) {
+          const std::int32_t j = js[c];
+          const bool ok = static_cast<std::uint32_t>(j) < static_cast<std::uint32_t>(sk);
+          bad |= !ok;
+          dup |= fn(gr, ok ? j : 0, ok);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int t0 = (base + k * 32 + lane) * 4;
+        const std::int32_t js[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const std::int32_t j = js[c];
+          const bool listed = t0 + c < cnt;
+          const bool in_range = static_cast<std::uint32_t>(j) < static_cast<std::uint32_t>(sk);
+          bad |= listed && !in_range;
+          const bool ok = listed && in_range && j <= cur.bound;
+          dup |= fn(gr, ok ? j : 0, ok);
+        }
       }
     }
+    if (record && bad) flags::record(&a.flags[kBadIndex], cur.row_id, 0u);
     if (dup != 0) flags::record(&a.flags[kDuplicate], cur.row_id, 0u);
     if (!more) break;
     if (ngr != gr) {
@@ -287,10 +306,11 @@ __global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs
     // Every visible entry sets its bit in its list's bitmap; the bit already set (the old value
     // of the atomic) is a key listed twice by that list, whichever lane came first.
     if (stream) {
+      // Branch-free: an entry that is not set (!ok; j = 0 then) ORs 0 into its list's first word,
+      // which changes nothing and reports no repeat (old & 0).
       stream_entries(a, gp, r_begin, r_end, true, [&](int gr, std::int32_t j, bool ok) -> std::uint32_t {
-        const std::uint32_t bit = 1u << (j & 31);
-        std::uint32_t old = 0;
-        if (ok) old = atomicOr(&rowbm[(gr - r_begin) * a.words_k + (j >> 5)], bit);
+        const std::uint32_t bit = ok ? 1u << (j & 31) : 0u;
+        const std::uint32_t old = atomicOr(&rowbm[(gr - r_begin) * a.words_k + (j >> 5)], bit);
         return old & bit;
       });
     } else {
