@@ -467,13 +467,12 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       };
       const int lr = cw * 64 + warp * 16 + (lane >> 2);  // the thread's low row within the tile
       unsigned long long mk[2][2];
-      // The mask words of stages st0 (and st1 when has1) from the ring, then the warp's `full`.
-      auto read_masks = [&](int st0, int st1, bool has1) {
-        mk[0][0] = pf_masks[st0 * Sh::kBM + lr];
-        mk[1][0] = pf_masks[st0 * Sh::kBM + lr + 8];
-        mk[0][1] = has1 ? pf_masks[st1 * Sh::kBM + lr] : 0ull;
-        mk[1][1] = has1 ? pf_masks[st1 * Sh::kBM + lr + 8] : 0ull;
-        return __all_sync(0xffffffffu, (mk[0][0] & mk[1][0] & mk[0][1] & mk[1][1]) == ~0ull);
+      // A pair's two ring positions (stage, "full" parity); has1 false: a half pair (odd nblk, the
+      // last turn), whose second half reads stage b0 again under zero mask words.
+      struct Pair {
+        int b0, b1;
+        std::uint32_t ph0, ph1;
+        bool has1;
       };
       int b = 0;
       std::uint32_t ph = 0;
@@ -483,84 +482,87 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
           ph ^= 1;
         }
       };
+      auto next_pair = [&](int t) {
+        Pair q;
+        q.b0 = b;
+        q.ph0 = ph;
+        advance();
+        q.has1 = 2 * t + 1 < nblk;
+        q.b1 = q.has1 ? b : q.b0;
+        q.ph1 = ph;
+        if (q.has1) advance();
+        return q;
+      };
+      auto wait_pair = [&](std::uint64_t* full, const Pair& q) {
+        wg::barrier_wait(full + q.b0, q.ph0);
+        if (q.has1) wg::barrier_wait(full + q.b1, q.ph1);
+      };
+      auto release_pair = [&](std::uint64_t* empty, const Pair& q) {
+        release(empty + q.b0);
+        if (q.has1) release(empty + q.b1);
+      };
+      // The mask words of the pair's stages from the ring, then the warp's `full`.
+      auto read_masks = [&](const Pair& q) {
+        mk[0][0] = pf_masks[q.b0 * Sh::kBM + lr];
+        mk[1][0] = pf_masks[q.b0 * Sh::kBM + lr + 8];
+        mk[0][1] = q.has1 ? pf_masks[q.b1 * Sh::kBM + lr] : 0ull;
+        mk[1][1] = q.has1 ? pf_masks[q.b1 * Sh::kBM + lr + 8] : 0ull;
+        return __all_sync(0xffffffffu, (mk[0][0] & mk[1][0] & mk[0][1] & mk[1][1]) == ~0ull);
+      };
       const int npair = (nblk + 1) / 2;
       if (npair > 0) {
         // Turn 0: S of the first pair alone.
-        int pb0 = b;
-        std::uint32_t pph0 = ph;
-        advance();
-        bool phas1 = nblk > 1;
-        int pb1 = phas1 ? b : pb0;
-        std::uint32_t pph1 = ph;
-        if (phas1) advance();
-        wg::barrier_wait(k_full + pb0, pph0);
-        if (phas1) wg::barrier_wait(k_full + pb1, pph1);
+        Pair prev = next_pair(0);
+        wait_pair(k_full, prev);
         fence_proxy_async_smem();
-        bool full = read_masks(pb0, pb1, phas1);
+        bool full = read_masks(prev);
         turn_begin();
         wg::wgmma_fence();
         wg::fence_accumulator(s);
-        issue_qk2(pb0, pb1);
+        issue_qk2(prev.b0, prev.b1);
         turn_end();
         wg::wgmma_wait<0>();
         wg::fence_accumulator(s);
-        release(k_empty + pb0);
-        if (phas1) release(k_empty + pb1);
+        release_pair(k_empty, prev);
         softmax_probs<kNT2, true>(s, m, l, alpha, mk, full, a.scale_log2, tq);
         rescale_and_pack2();
 #pragma unroll 1
         for (int t = 1; t < npair; ++t) {
-          const int b0 = b;
-          const std::uint32_t ph0 = ph;
-          advance();
-          const bool has1 = 2 * t + 1 < nblk;
-          const int b1 = has1 ? b : b0;
-          const std::uint32_t ph1 = ph;
-          if (has1) advance();
-          wg::barrier_wait(k_full + b0, ph0);
-          if (has1) wg::barrier_wait(k_full + b1, ph1);
-          wg::barrier_wait(v_full + pb0, pph0);
-          if (phas1) wg::barrier_wait(v_full + pb1, pph1);
+          const Pair cur = next_pair(t);
+          wait_pair(k_full, cur);
+          wait_pair(v_full, prev);
           fence_proxy_async_smem();
-          full = read_masks(b0, b1, has1);
+          full = read_masks(cur);
           turn_begin();
           wg::wgmma_fence();
           wg::fence_accumulator(s);
           wg::fence_accumulator(o);
-          issue_qk2(b0, b1);
-          issue_pv2(pb0, pb1);
+          issue_qk2(cur.b0, cur.b1);
+          issue_pv2(prev.b0, prev.b1);
           turn_end();
           wg::wgmma_wait<1>();  // S of this pair (PV of the previous one may still run)
           wg::fence_accumulator(s);
-          release(k_empty + b0);
-          if (has1) release(k_empty + b1);
+          release_pair(k_empty, cur);
           softmax_probs<kNT2, true>(s, m, l, alpha, mk, full, a.scale_log2, tq);
           wg::wgmma_wait<0>();
           wg::fence_accumulator(o);
           fence_regs(p);
-          release(v_empty + pb0);
-          if (phas1) release(v_empty + pb1);
+          release_pair(v_empty, prev);
           rescale_and_pack2();
-          pb0 = b0;
-          pph0 = ph0;
-          pb1 = b1;
-          pph1 = ph1;
-          phas1 = has1;
+          prev = cur;
         }
         // PV of the last pair.
-        wg::barrier_wait(v_full + pb0, pph0);
-        if (phas1) wg::barrier_wait(v_full + pb1, pph1);
+        wait_pair(v_full, prev);
         fence_proxy_async_smem();
         turn_begin();
         wg::wgmma_fence();
         wg::fence_accumulator(o);
-        issue_pv2(pb0, pb1);
+        issue_pv2(prev.b0, prev.b1);
         turn_end();
         wg::wgmma_wait<0>();
         wg::fence_accumulator(o);
         fence_regs(p);
-        release(v_empty + pb0);
-        if (phas1) release(v_empty + pb1);
+        release_pair(v_empty, prev);
       }
     } else {
       float s[kNT][4];
