@@ -4,8 +4,12 @@
 #   B=build-dir scripts/round_gather.sh
 # About 60-80 s of device time without steps 3-4; the ncu steps (optional, drop them if time is short) run the
 # whole perf test under ncu and take up to 150 s each (session 5 cut the first at 60 s).
-# Since the 11:20 round the defaults are: attention wgmma BM 128 with SPARGE_GATHER_PREFETCH on,
-# union clusters of >= 32 lists per CTA (kv-head lists: 2 CTAs per group). What to look for:
+# Defaults since session 11 (2026-12-01): attention by the warp-specialized ws kernel for hd128 groups
+# of >= 128 rows on sm_90 (wgmma BM 128 with prefetch for hd64), union clusters of >= 32 lists per CTA
+# (kv-head lists: 2 CTAs per group); expected at PERF.md's shape with kv-head lists: whole call
+# ~0.155 ms, union ~0.043 + attention ~0.090 in its [gather profile] line (docs/benchmarks/
+# 2026-12-01-h200.md; GATHER_GPU_KV_PERF has the same shape with more rows). The figures in the
+# list below are session 5's. What to look for:
 #  1. "[  PASSED  ]" and no FAILED line: every GATHER correctness case under the new defaults,
 #     each prefetch / L2 / PDL / wgmma-stages=4 path vs the fp64 oracle and bitwise vs the path
 #     without it, relaunch determinism, bad lists under every union variant.
@@ -23,7 +27,7 @@ set -u
 B=${B:?set B to the build directory}
 T=$B/tests/sparge_gpu_tests
 echo "== gather correctness (new defaults; prefetch / pdl / stages paths bitwise)"
-timeout 150 "$T" --filter='GATHER_GPU\(|GATHER_GPU_KV\(|GATHER_GPU_LONG|GATHER_GPU_RELAUNCH|GATHER_GPU_KV_RELAUNCH|GATHER_GPU_BADLIST|GATHER_GPU_KV_BADLIST|GATHER_KV_VALIDATION' 2>&1 |
+timeout 150 "$T" --filter='GATHER_GPU\(|GATHER_GPU_KV\(|GATHER_GPU_LONG|GATHER_GPU_RELAUNCH|GATHER_GPU_KV_RELAUNCH|GATHER_GPU_WS_|GATHER_GPU_BADLIST|GATHER_GPU_KV_BADLIST|GATHER_KV_VALIDATION' 2>&1 |
   grep -E 'FAILED|Failure|error|Expected|Which is|vs |PASSED|OK \]' | tail -80
 echo "== gather timings"
 timeout 90 "$T" --filter='GATHER_GPU_FAST_PERF' 2>&1 | grep -E '^\[perf fast\]|\[gather profile\]|FAILED|PASSED|Failure'
