@@ -8,6 +8,7 @@
 //                 and the hd128 / 2048 keys / 64-row groups timing with the measured union overlap.
 // Every output is poisoned before the run (an unwritten element shows) and guarded on both sides.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -401,15 +402,20 @@ struct GProblem {
 };
 
 // Times gather_attention(p): 3 warmup calls, then runs - 3 timed ones (CUDA events around each call);
-// every call must succeed. *ms receives the timed runs, sorted (median ms[size / 2]).
-void time_gather(const GatherAttentionParams& p, int runs, std::vector<float>* ms) {
+// every call must succeed. *ms receives the timed runs, sorted (median ms[size / 2]); *host_ms, when
+// given, the host's wall time inside each timed call (it returns after the list checks' read-back).
+void time_gather(const GatherAttentionParams& p, int runs, std::vector<float>* ms, std::vector<float>* host_ms = nullptr) {
   cudaEvent_t e0, e1;
   SPARGE_CUDA_CHECK(cudaEventCreate(&e0));
   SPARGE_CUDA_CHECK(cudaEventCreate(&e1));
   ms->clear();
+  if (host_ms != nullptr) host_ms->clear();
   for (int it = 0; it < runs; ++it) {
     SPARGE_CUDA_CHECK(cudaEventRecord(e0));
+    const auto t0 = std::chrono::steady_clock::now();
     const Status st = gather_attention(p);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (host_ms != nullptr && it >= 3) host_ms->push_back(std::chrono::duration<float, std::milli>(t1 - t0).count());
     SPARGE_CUDA_CHECK(cudaEventRecord(e1));
     SPARGE_CUDA_CHECK(cudaEventSynchronize(e1));
     ASSERT_TRUE(st.ok()) << st.message();
@@ -420,6 +426,7 @@ void time_gather(const GatherAttentionParams& p, int runs, std::vector<float>* m
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   std::sort(ms->begin(), ms->end());
+  if (host_ms != nullptr) std::sort(host_ms->begin(), host_ms->end());
 }
 
 GProblem make_gather(const GCase& c, const std::string& salt) {
@@ -1597,8 +1604,8 @@ SPARGE_CASES(GatherGpuKv) {
                        ScopedEnv e4("SPARGE_GATHER_UNION_VARIANT", v.union_variant);
                        ScopedEnv e5("SPARGE_GATHER_WS_PAIR", v.ws_pair);
                        ScopedEnv e6("SPARGE_GATHER_PDL", v.pdl);
-                       std::vector<float> ms;
-                       ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms));
+                       std::vector<float> ms, host;
+                       ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms, &host));
                        const double med = ms[ms.size() / 2];
                        if (v.overlap == nullptr) {
                          ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
@@ -1609,12 +1616,12 @@ SPARGE_CASES(GatherGpuKv) {
                        if (ref.empty()) ref = out;
                        const double diff = max_abs_diff16(out, ref, c.t);
                        std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s%s%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
-                                   "%.1f TFLOPS on attended keys; union overlap (union / sum of distinct lists per group) = %.4f; "
+                                   "%.1f TFLOPS on attended keys; host %.3f ms in the call; union overlap (union / sum of distinct lists per group) = %.4f; "
                                    "max |O - O(first)| = %.2e\n",
                                    kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.ws_pair ? " paired" : "", v.pdl ? " pdl" : "",
                                    v.overlap ? v.overlap : "off",
                                    v.union_variant ? v.union_variant : "5", med,
-                                   ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, overlap, diff);
+                                   ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, host[host.size() / 2], overlap, diff);
                        EXPECT_LE(diff, 2e-2);
                      }
                    }});
