@@ -277,22 +277,37 @@ __device__ __forceinline__ void pack_p(const float (&s)[kNT][4], int kk, std::ui
   p[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
+// The pieces of a row's epilogue that every gather kernel shares (epilogue below, the ws kernel's
+// staged one): the row's full sum from the quad of lanes holding it (accumulator layout), the
+// (position, query head) of group row gr (gr = pos * G + head, gather_common.cuh), and its LSE.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+struct RowPos {
+  std::int64_t i, h;
+};
+__device__ __forceinline__ RowPos row_pos(const Geometry& geo, const GroupPos& gp, int gr) {
+  return {gp.i0 + gr / geo.g, gp.hk * geo.g + gr % geo.g};
+}
+// sum == 0: the row attended nothing (empty list or fully masked): LSE = -inf (and O = 0).
+__device__ __forceinline__ void store_lse(const AttnArgs& a, const GroupPos& gp, const RowPos& rp, float m, float sum) {
+  const float m_use = m == -INFINITY ? 0.0f : m;
+  a.lse[gp.b * a.l0 + rp.h * a.l1 + rp.i * a.l2] = sum > 0.0f ? m_use * 0.69314718055994531f + logf(sum) : -INFINITY;
+}
+
 template <class T, int kDT>
 __device__ __forceinline__ void epilogue(const AttnArgs& a, const GroupPos& gp, const float (&o)[kDT][4],
                                          const float (&m)[2], const float (&l)[2], int gr_lo, int tq) {
-  const Geometry& geo = a.geo;
 #pragma unroll
   for (int hrow = 0; hrow < 2; ++hrow) {
-    float sum = l[hrow];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(l[hrow]);
     const int gr = gr_lo + 8 * hrow;
     if (gr >= gp.rows) continue;
-    const std::int64_t i = gp.i0 + gr / geo.g;
-    const std::int64_t h = gp.hk * geo.g + gr % geo.g;
+    const RowPos rp = row_pos(a.geo, gp, gr);
     // l == 0: the row attended nothing (empty list or fully masked): O = 0, LSE = -inf.
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const std::int64_t obase = gp.b * a.o0 + i * a.o1 + h * a.o2;
+    const std::int64_t obase = gp.b * a.o0 + rp.i * a.o1 + rp.h * a.o2;
 #pragma unroll
     for (int d = 0; d < kDT; ++d) {
       const std::int64_t col = d * 8 + tq * 2;
@@ -305,10 +320,7 @@ __device__ __forceinline__ void epilogue(const AttnArgs& a, const GroupPos& gp, 
         Mma<T>::store2(static_cast<T*>(a.o) + obase + col * a.o3, a.o3, x, y);
       }
     }
-    if (a.lse != nullptr && tq == 0) {
-      const float m_use = m[hrow] == -INFINITY ? 0.0f : m[hrow];
-      a.lse[gp.b * a.l0 + h * a.l1 + i * a.l2] = sum > 0.0f ? m_use * 0.69314718055994531f + logf(sum) : -INFINITY;
-    }
+    if (a.lse != nullptr && tq == 0) store_lse(a, gp, rp, m[hrow], sum);
   }
 }
 

@@ -167,13 +167,10 @@ __device__ __forceinline__ void epilogue_staged(const AttnArgs& a, const GroupPo
                                                 const float (&m)[2], const float (&l)[2], unsigned char* stage, int wr0,
                                                 int warp, int lane, int ct, int bar) {
   constexpr int kDT = D / 8, kChunks = D / 8, kRowBytes = D * 2;
-  const Geometry& geo = a.geo;
   const int tq = lane & 3;
 #pragma unroll
   for (int hrow = 0; hrow < 2; ++hrow) {
-    float sum = l[hrow];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(l[hrow]);
     const int r = warp * 16 + (lane >> 2) + 8 * hrow;  // row within the warpgroup's 64
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
@@ -182,12 +179,7 @@ __device__ __forceinline__ void epilogue_staged(const AttnArgs& a, const GroupPo
       *reinterpret_cast<std::uint32_t*>(stage + r * kRowBytes + ((d ^ (r & 7)) << 4) + tq * 4) = v;
     }
     const int gr = wr0 + r;
-    if (a.lse != nullptr && tq == 0 && gr < gp.rows) {
-      const std::int64_t i = gp.i0 + gr / geo.g;
-      const std::int64_t h = gp.hk * geo.g + gr % geo.g;
-      const float m_use = m[hrow] == -INFINITY ? 0.0f : m[hrow];
-      a.lse[gp.b * a.l0 + h * a.l1 + i * a.l2] = sum > 0.0f ? m_use * 0.69314718055994531f + logf(sum) : -INFINITY;
-    }
+    if (a.lse != nullptr && tq == 0 && gr < gp.rows) store_lse(a, gp, row_pos(a.geo, gp, gr), m[hrow], sum);
   }
   ::sparge::cuda::attn::sm90::named_barrier_sync(bar, 128);
 #pragma unroll
@@ -197,9 +189,8 @@ __device__ __forceinline__ void epilogue_staged(const AttnArgs& a, const GroupPo
     const int gr = wr0 + r;
     if (gr >= gp.rows) continue;
     const int4 v = *reinterpret_cast<const int4*>(stage + r * kRowBytes + ((c ^ (r & 7)) << 4));
-    const std::int64_t i = gp.i0 + gr / geo.g;
-    const std::int64_t h = gp.hk * geo.g + gr % geo.g;
-    *reinterpret_cast<int4*>(static_cast<T*>(a.o) + gp.b * a.o0 + i * a.o1 + h * a.o2 + c * 8) = v;
+    const RowPos rp = row_pos(a.geo, gp, gr);
+    *reinterpret_cast<int4*>(static_cast<T*>(a.o) + gp.b * a.o0 + rp.i * a.o1 + rp.h * a.o2 + c * 8) = v;
   }
 }
 
