@@ -7,68 +7,32 @@
 namespace sparge::cuda {
 namespace {
 
-struct Entry {
-  int smem = -1;         // largest dynamic shared memory set so far (-1: none)
-  bool carveout = false; // prefer_max_shared done
-  int ptx = -1;          // ptxVersion (-1: not read yet)
-};
-
-std::mutex& table_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::map<std::pair<int, const void*>, Entry>& table() {
-  static std::map<std::pair<int, const void*>, Entry> t;
-  return t;
-}
+// -1 (and the error cleared) without a current device.
 int current_device() {
   int dev = -1;
-  return cudaGetDevice(&dev) == cudaSuccess ? dev : -1;
+  if (cudaGetDevice(&dev) == cudaSuccess) return dev;
+  (void)cudaGetLastError();
+  return -1;
 }
 
 }  // namespace
 
-cudaError_t ensure_dynamic_smem(const void* fn, int bytes) {
-  const int dev = current_device();
-  {
-    std::lock_guard<std::mutex> lock(table_mutex());
-    const Entry& e = table()[{dev, fn}];
-    if (dev >= 0 && e.smem >= bytes) return cudaSuccess;
-  }
-  const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess && dev >= 0) {
-    std::lock_guard<std::mutex> lock(table_mutex());
-    Entry& e = table()[{dev, fn}];
-    if (bytes > e.smem) e.smem = bytes;
-  }
-  return err;
-}
-
-void prefer_max_shared(const void* fn) {
-  const int dev = current_device();
-  {
-    std::lock_guard<std::mutex> lock(table_mutex());
-    if (dev >= 0 && table()[{dev, fn}].carveout) return;
-  }
-  if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return;
-  }
-  std::lock_guard<std::mutex> lock(table_mutex());
-  if (dev >= 0) table()[{dev, fn}].carveout = true;
-}
-
 int func_ptx_version(const void* fn) {
+  static std::mutex m;
+  static std::map<std::pair<int, const void*>, int> ptx;
   const int dev = current_device();
   {
-    std::lock_guard<std::mutex> lock(table_mutex());
-    const Entry& e = table()[{dev, fn}];
-    if (dev >= 0 && e.ptx >= 0) return e.ptx;
+    std::lock_guard<std::mutex> lock(m);
+    const auto it = ptx.find({dev, fn});
+    if (dev >= 0 && it != ptx.end()) return it->second;
   }
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) return 0;
-  std::lock_guard<std::mutex> lock(table_mutex());
-  if (dev >= 0) table()[{dev, fn}].ptx = fa.ptxVersion;
+  if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(m);
+  if (dev >= 0) ptx[{dev, fn}] = fa.ptxVersion;
   return fa.ptxVersion;
 }
 
@@ -78,10 +42,13 @@ int current_device_major() {
   const int dev = current_device();
   if (dev < 0) return 0;
   std::lock_guard<std::mutex> lock(m);
-  auto it = majors.find(dev);
+  const auto it = majors.find(dev);
   if (it != majors.end()) return it->second;
   int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
   majors[dev] = major;
   return major;
 }

@@ -1,27 +1,22 @@
-// Per-call host costs of kernel configuration, paid once per (device, kernel) instead.
+// Kernel and device properties the CUDA backend asks on every call, read once instead.
 //
-// cudaFuncSetAttribute and cudaFuncGetAttributes are driver calls of about a microsecond each; an
-// op that sets two or three of them on every call (gather_attention did) spends a measurable part
-// of a short call on the host while the GPU waits. These keep what was set or read in a small
-// process-wide table (thread safe) keyed by the current device and the kernel.
+// cudaFuncGetAttributes and cudaDeviceGetAttribute are driver calls (about a microsecond each): the
+// ptx version of a kernel (which code the device runs) and the device's compute capability do not
+// change while the process lives, so these keep them in a small process-wide table (thread safe)
+// keyed by the current device (and kernel). Shared-memory attributes are set by the launchers on
+// every call instead: a cached "already set" would not survive a cudaDeviceReset (session 11
+// measured no difference at gather_attention's PERF.md shape, docs/token_sparse.md).
 #pragma once
 
 #include <cuda_runtime.h>
 
 namespace sparge::cuda {
 
-// Makes `fn` accept `bytes` of dynamic shared memory on the current device: calls
-// cudaFuncSetAttribute only when no earlier call on this device set at least `bytes`.
-cudaError_t ensure_dynamic_smem(const void* fn, int bytes);
-
-// The shared-memory carveout hint cudaSharedmemCarveoutMaxShared for `fn`, once per device (a
-// hint: its failure is cleared and ignored).
-void prefer_max_shared(const void* fn);
-
 // cudaFuncGetAttributes(fn).ptxVersion on the current device (0 on failure), read once.
 int func_ptx_version(const void* fn);
 
-// The compute capability major of the current device (0 on failure), read once per device.
+// The compute capability major of the current device (0, with the error cleared, on failure),
+// read once per device.
 int current_device_major();
 
 }  // namespace sparge::cuda

@@ -20,6 +20,7 @@
 #include "cuda/block_map/block_map.cuh"
 #include "cuda/block_map/load.cuh"
 #include "cuda/block_map/pdl.cuh"
+#include "cuda/func_attr.h"
 
 namespace sparge::cuda::block_map {
 
@@ -382,15 +383,7 @@ bool pdl_enabled() {
   return device_major() >= 9;
 }
 
-int device_major() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return major;
-}
+int device_major() { return current_device_major(); }  // cuda/func_attr.h: read once per device
 
 // The kernel of a shape (the 128 x 128 tile on the tensor cores, or fmaf chains).
 const char* scores_variant(const Geometry& g) {

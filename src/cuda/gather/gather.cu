@@ -199,10 +199,8 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
 
 // Whether the device runs `fn` from code compiled for sm_90 or later (clusters, wgmma), rather
 // than from older PTX compiled just in time.
-// (Both read once per device and kernel: cuda/func_attr.h.)
+// (Read once per device and kernel: cuda/func_attr.h.)
 bool sm90_binary(const void* fn) { return func_ptx_version(fn) >= 90; }
-
-int device_major() { return current_device_major(); }
 
 // The attention kernel of a call. SPARGE_GATHER_PATH (read on every call, so one process can
 // compare them):
@@ -621,7 +619,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     }
   };
   ua.variant = union_variant();
-  const int major = device_major();
+  const int major = current_device_major();
   {
     int fallback = 0;
     set_ctas(union_ctas(units, major, &fallback));
@@ -663,12 +661,13 @@ Status gather_attention(const GatherAttentionParams& p) {
   const int attn_threads = ac.threads, attn_smem = ac.smem, tile_rows = ac.tile_rows;
   // The union kernel of the path set_ctas chose (re-picked by the 1-CTA fallback below).
   auto union_fn = [&ua] { return ua.rowbm_off >= 0 ? gather::union_kernel<true> : gather::union_kernel<false>; };
-  // Set once per device and kernel (cuda/func_attr.h: these driver calls were ~1 us each per call).
-  e = ensure_dynamic_smem(reinterpret_cast<const void*>(union_fn()), union_smem);
-  if (e == cudaSuccess) e = ensure_dynamic_smem(reinterpret_cast<const void*>(attn), attn_smem);
+  e = cudaFuncSetAttribute(union_fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem);
   // A hint (two 84 KB CTAs of the 2-stage wgmma kernel per SM need the largest carveout); its
   // failure would only cost occupancy, so it is cleared rather than reported.
-  if (e == cudaSuccess) prefer_max_shared(reinterpret_cast<const void*>(attn));
+  if (e == cudaSuccess && cudaFuncSetAttribute(attn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
   if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
   const unsigned row_tiles = static_cast<unsigned>((geo.rows + tile_rows - 1) / tile_rows);
   Profile prof(stream);
@@ -720,7 +719,7 @@ Status gather_attention(const GatherAttentionParams& p) {
       // group instead, for this and every later wave.
       (void)cudaGetLastError();
       set_ctas(1);
-      e = ensure_dynamic_smem(reinterpret_cast<const void*>(union_fn()), union_smem);
+      e = cudaFuncSetAttribute(union_fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, union_smem);
       if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
       cfg.gridDim = dim3(n);
       cfg.dynamicSmemBytes = static_cast<size_t>(union_smem);
