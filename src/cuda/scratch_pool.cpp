@@ -41,4 +41,44 @@ cudaError_t scratch_alloc(void** ptr, std::size_t bytes, cudaStream_t stream) {
   return cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
 }
 
+namespace {
+
+// The calling thread's helper streams, by device; destroyed with the thread (errors ignored: at
+// process exit the runtime may already be gone).
+struct ThreadHelpers {
+  static constexpr int kMaxDevices = 64;
+  HelperStream h[kMaxDevices] = {};
+  ThreadHelpers() = default;
+  ThreadHelpers(const ThreadHelpers&) = delete;
+  ThreadHelpers& operator=(const ThreadHelpers&) = delete;
+  ~ThreadHelpers() {
+    for (HelperStream& x : h) {
+      if (x.fork != nullptr) (void)cudaEventDestroy(x.fork);
+      if (x.stream != nullptr) (void)cudaStreamDestroy(x.stream);
+    }
+  }
+};
+
+}  // namespace
+
+cudaError_t helper_stream(HelperStream& out) {
+  thread_local ThreadHelpers helpers;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= ThreadHelpers::kMaxDevices) return cudaErrorInvalidDevice;
+  HelperStream& h = helpers.h[dev];
+  if (h.stream == nullptr) {
+    HelperStream made;
+    if ((e = cudaStreamCreateWithFlags(&made.stream, cudaStreamNonBlocking)) != cudaSuccess) return e;
+    if ((e = cudaEventCreateWithFlags(&made.fork, cudaEventDisableTiming)) != cudaSuccess) {
+      (void)cudaStreamDestroy(made.stream);
+      return e;
+    }
+    h = made;
+  }
+  out = h;
+  return cudaSuccess;
+}
+
 }  // namespace sparge::cuda

@@ -21,4 +21,14 @@ cudaError_t scratch_pool(cudaMemPool_t& out);
 // Every per-call allocation of the CUDA backend comes from here.
 cudaError_t scratch_alloc(void** ptr, std::size_t bytes, cudaStream_t stream);
 
+// A non-blocking helper stream and an event of the current device, one pair per host thread,
+// created on first use and kept for the thread's life (like the pools above, they do not survive a
+// cudaDeviceReset). For small read-backs that must not wait for work enqueued after them on the
+// caller's stream: record `fork` on the caller's stream, make `stream` wait for it, copy there.
+struct HelperStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr;
+};
+cudaError_t helper_stream(HelperStream& out);
+
 }  // namespace sparge::cuda

@@ -727,6 +727,12 @@ Status gather_attention(const GatherAttentionParams& p) {
       e = cudaLaunchKernelEx(&cfg, union_fn(), ua);
     }
     if (e != cudaSuccess) return cuda_fail("union kernel launch failed", e);
+    // The flags are complete once the last union kernel is: their read-back waits for it alone, so
+    // the host's wait and the list checks overlap the attention kernels enqueued below.
+    if (g0 + wave >= total_groups) {
+      e = fl.fork(ustream);
+      if (e != cudaSuccess) return cuda_fail("cannot fork the flags' read-back", e);
+    }
     if (slots == 2) {
       e = cudaEventRecord(side.union_done[slot], side.s);
       if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, side.union_done[slot], 0);
@@ -755,11 +761,11 @@ Status gather_attention(const GatherAttentionParams& p) {
       if (e != cudaSuccess) return cuda_fail("cannot order the union and attention kernels", e);
     }
   }
-  side.join();  // the flags are written by union kernels on the side stream
+  side.join();  // the caller's stream waits for the unions of the side stream
   if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, ua.rowbm_off >= 0, tile_rows, ac, list_rep, total_groups, wave, aa.l2_256 != 0);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
-  e = fl.fetch();
+  e = fl.fetch_forked();
   if (e != cudaSuccess) return cuda_fail("kernel failed", e);
 
   // The kernels only say which rows failed; the lowest one is re-read here and checked entry by

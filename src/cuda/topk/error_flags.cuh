@@ -1,7 +1,8 @@
 // Device-side error reporting of the token kernels. A kernel that finds bad data (a NaN score, an
 // index out of range, a row over n_max) records the lowest (row, column) with an atomicMin on a
 // packed 64-bit word, so the report does not depend on which thread or block saw it first; the
-// host entry synchronises on the stream, reads the words and turns them into a Status.
+// host entry synchronises on the stream (or, with fork() / fetch_forked(), only on the kernels
+// before the fork), reads the words and turns them into a Status.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +32,7 @@ class DeviceFlags {
  public:
   explicit DeviceFlags(cudaStream_t s) : stream_(s) {}
   ~DeviceFlags() {
+    if (forked_) (void)fetch_forked();  // an early return: the helper's copy must not outlive dev_
     if (dev_ != nullptr) cudaFreeAsync(dev_, stream_);
   }
   DeviceFlags(const DeviceFlags&) = delete;
@@ -48,9 +50,27 @@ class DeviceFlags {
     if (e != cudaSuccess) return e;
     return cudaStreamSynchronize(stream_);
   }
+  // The read-back without waiting for what the caller enqueues later: fork(s) after the last kernel
+  // that writes the words (on stream s: the caller's stream or one that joins it), then launch the
+  // rest, then fetch_forked(), which returns once the words are here. The copy runs on this
+  // thread's helper stream after an event on s; its destination is pageable, so the copy call
+  // itself returns only when the words have landed (no pinned buffer, no event wait).
+  cudaError_t fork(cudaStream_t s) {
+    cudaError_t e = helper_stream(helper_);
+    if (e == cudaSuccess) e = cudaEventRecord(helper_.fork, s);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(helper_.stream, helper_.fork, 0);
+    forked_ = e == cudaSuccess;
+    return e;
+  }
+  cudaError_t fetch_forked() {
+    forked_ = false;
+    return cudaMemcpyAsync(host_, dev_, sizeof(host_), cudaMemcpyDeviceToHost, helper_.stream);
+  }
   unsigned long long operator[](int i) const { return host_[i]; }
 
  private:
+  HelperStream helper_;
+  bool forked_ = false;
   cudaStream_t stream_;
   unsigned long long* dev_ = nullptr;
   unsigned long long host_[kWords] = {};
