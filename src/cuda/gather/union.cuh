@@ -402,9 +402,13 @@ __global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs
   // Phase B: masks of this CTA's units; unit r's mask is the mask of rows r * rep .. r * rep + rep - 1.
   if constexpr (kRowBm) {
     // Mask word m of unit r: bit b = key ukeys[64 m + b] is in r's bitmap. A warp takes one word m
-    // and up to 32 units: per unit two ballots (positions 64 m + lane, 64 m + 32 + lane), lane
-    // r - c0 keeps unit r's word; then the 32 units' rows (rep each, adjacent in the mask layout)
-    // are stored as consecutive words, coalesced, each lane fetching its unit's word by shuffle.
+    // and up to 32 units: per unit two ballots (positions 64 m + lane, 64 m + 32 + lane), whose
+    // word lane 0 puts in the warp's staging row, so that lane r - c0 reads unit r's word after the
+    // loop (a per-row select in every lane cost three instructions per unit); then the 32 units'
+    // rows (rep each, adjacent in the mask layout) are stored as consecutive words, coalesced, each
+    // lane fetching its unit's word by shuffle. A position past the union tests bit mask 0 of the
+    // row's word 0 (no predication in the loop).
+    __shared__ unsigned long long stage[kUnionThreads / 32][32];
     __syncthreads();  // ukeys complete
     const int lane = tid & 31, warp = tid >> 5;
     constexpr int kWarps = kUnionThreads / 32;
@@ -417,16 +421,16 @@ __global__ void __launch_bounds__(kUnionThreads, 2) union_kernel(const UnionArgs
       const bool v0 = p0 < static_cast<int>(total), v1 = p1 < static_cast<int>(total);
       const int k0 = v0 ? ukeys[p0] : 0, k1 = v1 ? ukeys[p1] : 0;
       const int w0 = k0 >> 5, w1 = k1 >> 5;
-      const std::uint32_t s0 = static_cast<std::uint32_t>(k0 & 31), s1 = static_cast<std::uint32_t>(k1 & 31);
-      unsigned long long mine = 0;
+      const std::uint32_t b0 = v0 ? 1u << (k0 & 31) : 0u, b1 = v1 ? 1u << (k1 & 31) : 0u;
       const std::uint32_t* row = rowbm + c0 * a.words_k;
-      for (int r = c0; r < c1; ++r, row += a.words_k) {
-        const bool b0 = v0 && ((row[w0] >> s0) & 1u) != 0;
-        const bool b1 = v1 && ((row[w1] >> s1) & 1u) != 0;
-        const unsigned lo = __ballot_sync(0xffffffffu, b0);
-        const unsigned hi = __ballot_sync(0xffffffffu, b1);
-        if (lane == r - c0) mine = static_cast<unsigned long long>(lo) | (static_cast<unsigned long long>(hi) << 32);
+      for (int r = 0; r < c1 - c0; ++r, row += a.words_k) {
+        const unsigned lo = __ballot_sync(0xffffffffu, (row[w0] & b0) != 0u);
+        const unsigned hi = __ballot_sync(0xffffffffu, (row[w1] & b1) != 0u);
+        if (lane == 0) stage[warp][r] = static_cast<unsigned long long>(lo) | (static_cast<unsigned long long>(hi) << 32);
       }
+      __syncwarp();
+      const unsigned long long mine = lane < c1 - c0 ? stage[warp][lane] : 0ull;
+      __syncwarp();  // the next item's stores to the staging row come after every lane's read
       const int n = (c1 - c0) * rep;
       unsigned long long* dst = gmask + static_cast<std::int64_t>(m) * a.geo.rows + static_cast<std::int64_t>(r_begin + c0) * rep;
       for (int base = 0; base < n; base += 32) {  // warp-uniform
