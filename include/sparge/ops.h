@@ -164,6 +164,9 @@ struct GatherAttentionParams {
   // the per-row path (up to summation order); a performance choice of the GPU kernel.
   bool group_union = false;
   int union_rows = 64;
+  // On CUDA the lists (counts, index range, repeated keys) are checked on the device; the call waits
+  // for that check only and returns its Status while the attention kernel may still be running on
+  // exec.stream (stream-ordered, as every entry). After a list error, o and lse are unspecified.
   Exec exec;
 };
 
