@@ -167,6 +167,12 @@ struct GatherAttentionParams {
   // On CUDA the lists (counts, index range, repeated keys) are checked on the device; the call waits
   // for that check only and returns its Status while the attention kernel may still be running on
   // exec.stream (stream-ordered, as every entry). After a list error, o and lse are unspecified.
+  // check_lists = false (CUDA; the CPU backend always checks): no read-back and no host wait, so the
+  // call is fully asynchronous and can be captured in a CUDA graph; the lists are trusted: a count
+  // outside [0, n_max] is clamped into it, an index outside [0, Sk) is skipped and a key listed twice
+  // counts once, nothing is read out of bounds and no error is reported. With check_lists = true a
+  // call on a capturing stream is refused (the read-back cannot be captured).
+  bool check_lists = true;
   Exec exec;
 };
 

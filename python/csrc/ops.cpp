@@ -252,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor> gather_attn(const at::Tensor& q_user, const a
                                                const at::Tensor& v_user, const at::Tensor& indices,
                                                const at::Tensor& counts, bool is_causal, double scale,
                                                bool group_union, std::int64_t union_rows,
-                                               c10::string_view tensor_layout, bool return_lse) {
+                                               c10::string_view tensor_layout, bool return_lse, bool check_lists) {
   constexpr const char* op = "sparge.gather_attn";
   const AttentionArgs a(op, tensor_layout, q_user, k_user, v_user);
   const DeviceContext ctx(
@@ -266,6 +266,7 @@ std::tuple<at::Tensor, at::Tensor> gather_attn(const at::Tensor& q_user, const a
   p.is_causal = is_causal;
   p.group_union = group_union;
   p.union_rows = static_cast<int>(union_rows);
+  p.check_lists = check_lists;
   p.exec = ctx.exec();
   throw_if_error(gather_attention(p));
   return out;
@@ -317,7 +318,7 @@ TORCH_LIBRARY(sparge, m) {
   m.def("compact_mask(Tensor mask, int n_max) -> (Tensor indices, Tensor counts)");
   m.def(
       "gather_attn(Tensor q, Tensor k, Tensor v, Tensor indices, Tensor counts, bool is_causal, float scale, "
-      "bool group_union, int union_rows, str tensor_layout, bool return_lse) -> (Tensor o, Tensor lse)");
+      "bool group_union, int union_rows, str tensor_layout, bool return_lse, bool check_lists) -> (Tensor o, Tensor lse)");
   m.def(
       "merge_attn(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b, str tensor_layout) "
       "-> (Tensor o, Tensor lse)");

@@ -75,7 +75,8 @@ def _compact_mask(mask, n_max):
 
 
 @torch.library.register_fake("sparge::gather_attn")
-def _gather_attn(q, k, v, indices, counts, is_causal, scale, group_union, union_rows, tensor_layout, return_lse):
+def _gather_attn(q, k, v, indices, counts, is_causal, scale, group_union, union_rows, tensor_layout, return_lse,
+                 check_lists):
     return q.new_empty(q.shape), _lse(q, tensor_layout, return_lse, "sparge.gather_attn")
 
 

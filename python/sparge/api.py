@@ -275,18 +275,22 @@ def compact_mask(mask, n_max):
 
 
 def gather_attn(q, k, v, indices, counts, is_causal=False, scale=None, group_union=False, return_lse=False,
-                tensor_layout="HND", union_rows=64):
+                tensor_layout="HND", union_rows=64, check_lists=True):
     """Each query row attends its own list of keys: indices [B, Hq, Sq, n_max] (-1 padded after
     counts [B, Hq, Sq]), or one list per kv head, indices [B, Hk, Sq, n_max] / counts [B, Hk, Sq]
     (query head h reads list h // (Hq // Hk)). With is_causal, listed keys after the row's causal
     bound are skipped.
     group_union only changes how the GPU kernel loads keys (same result up to summation order).
+    check_lists=False (CUDA) trusts the lists: no device-to-host read-back, so the call never waits
+    for the GPU and can be captured in a CUDA graph; a count outside [0, n_max] is clamped, an index
+    outside [0, Sk) skipped, a repeated key counted once, and no error is raised. The default checks
+    them and raises on a bad entry (a call on a capturing stream is refused).
     """
     op = "sparge.gather_attn"
     _layout(tensor_layout, op)
     o, lse = _ops.gather_attn(q, k, v, _int32(indices, op, "indices"), _int32(counts, op, "counts"),
                               bool(is_causal), _scale(scale, op), bool(group_union), int(union_rows),
-                              tensor_layout, bool(return_lse))
+                              tensor_layout, bool(return_lse), bool(check_lists))
     return (o, lse) if return_lse else o
 
 

@@ -97,7 +97,7 @@ def _opcheck_cases(device):
         (ops.dense_attn, (q, k, v, True, 0.0, "NHD", True)),
         (ops.topk_select, (scores, 10)),
         (ops.compact_mask, (torch.where(scores > 0, 0.0, float("-inf")), 100)),
-        (ops.gather_attn, (q, k, v, idx, cnt, False, 0.0, False, 64, "NHD", True)),
+        (ops.gather_attn, (q, k, v, idx, cnt, False, 0.0, False, 64, "NHD", True, True)),
         (ops.merge_attn, (o, lse, o, lse, "NHD")),
     ]
 

@@ -46,7 +46,7 @@ def _cases(device, layout):
             (f"block_sparse_attn_{tag}", ops.block_sparse_attn,
              (q, k, v, lut, counts, sparge.DEFAULT_BLKQ, sparge.DEFAULT_BLKK, False, 0.0, None, layout, want_lse)),
             (f"dense_attn_{tag}", ops.dense_attn, (q, k, v, True, 0.0, layout, want_lse)),
-            (f"gather_attn_{tag}", ops.gather_attn, (q, k, v, idx, cnt, True, 0.0, False, 64, layout, want_lse)),
+            (f"gather_attn_{tag}", ops.gather_attn, (q, k, v, idx, cnt, True, 0.0, False, 64, layout, want_lse, True)),
         ]
     return out
 

@@ -185,6 +185,35 @@ def test_gather_attn_kv_head_lists(device, causal, group_union, hq, hk):
                                counts[:, :1].repeat(1, 3, 1).contiguous())
 
 
+def test_gather_attn_unchecked_cuda_graph():
+    """check_lists=False: bitwise the checked call; captured in a torch CUDA graph and replayed with new
+    inputs copied in; the checked call is refused on a capturing stream."""
+    _skip_unless("cuda")
+    gen = torch.Generator().manual_seed(11)
+    b, hq, hk, sq, sk, n_max, d = 1, 8, 2, 130, 1000, 96, 128
+    q, k, v = randn_qkv(b, hq, hk, sq, sk, d, torch.float16, "cuda", "HND", gen)
+    idx, counts = _random_lists(b, hk, sq, sk, n_max, gen, "cuda")
+    ref = sparge.gather_attn(q, k, v, idx, counts, group_union=True)
+    assert torch.equal(sparge.gather_attn(q, k, v, idx, counts, group_union=True, check_lists=False), ref)
+    q_in = q.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside the capture (allocator, kernel attributes)
+        sparge.gather_attn(q_in, k, v, idx, counts, group_union=True, check_lists=False)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with pytest.raises(ValueError, match="check_lists = true on a stream that is being captured"):
+            sparge.gather_attn(q_in, k, v, idx, counts, group_union=True)
+        out = sparge.gather_attn(q_in, k, v, idx, counts, group_union=True, check_lists=False)
+    for scale in (1.0, 0.5):
+        q_in.copy_(q * scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = ref if scale == 1.0 else sparge.gather_attn(q * scale, k, v, idx, counts, group_union=True)
+        assert torch.equal(out, want), f"graph replay (q * {scale}) differs from the direct call"
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_topk_then_gather_pipeline(device):
     """The token-level pipeline: scores -> topk_select -> gather_attn equals attention over the top-k keys."""

@@ -575,7 +575,7 @@ struct GOut {
 // per-kv-head layout when list_heads = hk), with idx/cnt overrides of that size.
 GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_rows = 64,
                 const std::vector<std::int32_t>* idx_override = nullptr, const std::vector<std::int32_t>* cnt_override = nullptr,
-                std::int64_t list_heads = 0) {
+                std::int64_t list_heads = 0, bool check_lists = true) {
   const GCase& c = g.c;
   const std::int64_t lh = list_heads > 0 ? list_heads : c.hq;
   const auto& idx = idx_override ? *idx_override : g.idx;
@@ -585,6 +585,7 @@ GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_
   p.is_causal = c.causal;
   p.group_union = group_union;
   p.union_rows = union_rows;
+  p.check_lists = check_lists;
   const DType odt = c.o_f32 ? DType::f32 : c.t;
   const std::int64_t lrows = c.b * c.hq * c.sq;
   auto decode_o = [&](const std::vector<unsigned char>& raw) {
@@ -1041,6 +1042,123 @@ void badlist_case(const BadList& bl, const std::string& salt, Layout layout) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU (CPU backend checked)";
 }
 
+// GATHER_GPU_UNCHECKED_BADLIST / GATHER_GPU_KV_UNCHECKED_BADLIST: the same bad lists with
+// check_lists = false: the call succeeds and its output is bitwise that of the checked call on the
+// lists' trusted reading (counts clamped into [0, n_max], indices outside [0, Sk) skipped, a repeated
+// key once), under per-row and union tiles and the union kernel's variants; the output guards hold.
+void unchecked_badlist_case(const BadList& bl, const std::string& salt, Layout layout) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const GCase c{2, 4, 2, 5, 7, 64, 4, DType::f16, false, false, 0.0, 1};
+  const GProblem g = make_gather(c, salt);
+  const std::int64_t heads = layout == Layout::kv ? c.hk : c.hq;
+  const std::int64_t lists = c.b * heads * c.sq;
+  std::vector<std::int32_t> idx(static_cast<size_t>(lists * 4)), cnt(static_cast<size_t>(lists), 4);
+  for (std::int64_t r = 0; r < lists; ++r)
+    for (int t = 0; t < 4; ++t) idx[static_cast<size_t>(r * 4 + t)] = t;
+  for (std::int64_t r : {(1 * heads + 1) * c.sq + 2, layout == Layout::kv ? std::int64_t{19} : std::int64_t{38}}) {
+    if (bl.pos < 0) cnt[static_cast<size_t>(r)] = bl.value;
+    else idx[static_cast<size_t>(r * 4 + bl.pos)] = bl.value == -2 ? 0 : bl.value;
+  }
+  std::vector<std::int32_t> sidx(idx.size(), -1), scnt(cnt.size(), 0);
+  for (std::int64_t r = 0; r < lists; ++r) {
+    const int n = std::clamp(cnt[static_cast<size_t>(r)], 0, c.n_max);
+    std::vector<char> seen(static_cast<size_t>(c.sk), 0);
+    for (int t = 0; t < n; ++t) {
+      const std::int32_t j = idx[static_cast<size_t>(r * 4 + t)];
+      if (j < 0 || j >= c.sk || seen[static_cast<size_t>(j)] != 0) continue;
+      seen[static_cast<size_t>(j)] = 1;
+      sidx[static_cast<size_t>(r * 4 + scnt[static_cast<size_t>(r)]++)] = j;
+    }
+  }
+  for (const char* variant : {"0", "5"})
+    for (bool uni : {false, true}) {
+      ScopedEnv e0("SPARGE_GATHER_UNION_VARIANT", variant);
+      const std::string what = std::string("variant=") + variant + " union=" + (uni ? "1" : "0");
+      const GOut trusted = run_gather(g, Backend::cuda, uni, 64, &sidx, &scnt, heads, true);
+      const GOut out = run_gather(g, Backend::cuda, uni, 64, &idx, &cnt, heads, false);
+      gather_kv::expect_bitwise(trusted, out, what + ": unchecked bad lists vs checked trusted reading");
+      const GOut checked = run_gather(g, Backend::cuda, uni, 64, &idx, &cnt, heads, true);
+      EXPECT_EQ(checked.st.code(), StatusCode::invalid_argument) << what;
+    }
+}
+
+// GATHER_GPU_GRAPH: gather_attention with check_lists = false captured in a CUDA graph on a stream
+// of its own (global capture mode) and replayed: bitwise the checked direct call's output, every
+// replay, with the output poisoned before each. A checked call on the capturing stream is refused
+// with a message naming check_lists, and nothing of it lands in the graph.
+void graph_case(Layout layout) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const GCase c{1, 8, 2, 130, 4096, 128, 512, DType::f16, false, false, 0.05, 64, 0.02};
+  const LayoutLists l = layout_lists(make_gather(c, "GATHER_GPU_GRAPH"), layout, 0);
+  const GOut ref = l.run(Backend::cuda, true);
+  ASSERT_TRUE(ref.st.ok()) << ref.st.message();
+  const GProblem& g = l.problem;
+  const bool kv = layout == Layout::kv;
+  const std::vector<std::int32_t>& idx = kv ? l.kv.idx : g.idx;
+  const std::vector<std::int32_t>& cnt = kv ? l.kv.counts : g.counts;
+  const std::int64_t lh = kv ? c.hk : c.hq;
+  DeviceGuarded<unsigned char> dq(g.q.size() * 2), dk(g.k.size() * 2), dv(g.v.size() * 2), o(g.q.size() * 2);
+  DeviceGuarded<float> lse(static_cast<size_t>(c.b * c.hq * c.sq));
+  DeviceGuarded<std::int32_t> di(idx.size()), dc(cnt.size());
+  dq.upload(to_bytes(g.q, c.t));
+  dk.upload(to_bytes(g.k, c.t));
+  dv.upload(to_bytes(g.v, c.t));
+  di.upload(idx);
+  dc.upload(cnt);
+  cudaStream_t s = nullptr;
+  SPARGE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  GatherAttentionParams p;
+  p.q = make_tensor(dq.data(), c.t, {c.b, c.sq, c.hq, c.d});
+  p.k = make_tensor(dk.data(), c.t, {c.b, c.sk, c.hk, c.d});
+  p.v = make_tensor(dv.data(), c.t, {c.b, c.sk, c.hk, c.d});
+  p.o = make_tensor(o.data(), c.t, {c.b, c.sq, c.hq, c.d});
+  p.maybe_lse = make_tensor(lse.data(), DType::f32, {c.b, c.hq, c.sq});
+  p.indices = make_tensor(di.data(), DType::i32, {c.b, lh, c.sq, c.n_max});
+  p.counts = make_tensor(dc.data(), DType::i32, {c.b, lh, c.sq});
+  p.group_union = true;
+  p.exec = Exec{Backend::cuda, s, 0};
+  auto poison = [&] {
+    o.upload(std::vector<unsigned char>(o.size(), 0xff));  // f16 0xffff: NaN
+    lse.poison();
+  };
+  auto expect_ref = [&](const std::string& what) {
+    SPARGE_CUDA_CHECK(cudaStreamSynchronize(s));
+    const std::vector<unsigned char> raw = o.download();
+    std::vector<float> of(g.q.size());
+    for (size_t i = 0; i < of.size(); ++i) of[i] = load_as_float(raw.data(), c.t, static_cast<std::int64_t>(i));
+    const std::vector<float> lf = lse.download();
+    EXPECT_EQ(std::memcmp(of.data(), ref.o.data(), of.size() * 4), 0) << what << ": O differs from the checked call";
+    EXPECT_EQ(std::memcmp(lf.data(), ref.lse.data(), lf.size() * 4), 0) << what << ": LSE differs from the checked call";
+    EXPECT_TRUE(o.guards_intact() && lse.guards_intact()) << what << ": output guard overwritten";
+  };
+  // Direct, unchecked, on the stream.
+  poison();
+  p.check_lists = false;
+  ASSERT_TRUE(gather_attention(p).ok());
+  expect_ref("direct unchecked");
+  // Captured.
+  cudaGraph_t graph = nullptr;
+  SPARGE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  p.check_lists = true;
+  const Status refused = gather_attention(p);
+  p.check_lists = false;
+  const Status captured = gather_attention(p);
+  SPARGE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  EXPECT_EQ(refused.code(), StatusCode::invalid_argument);
+  EXPECT_NE(refused.message().find("check_lists = true on a stream that is being captured"), std::string::npos) << refused.message();
+  ASSERT_TRUE(captured.ok()) << captured.message();
+  cudaGraphExec_t exec = nullptr;
+  SPARGE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    poison();
+    SPARGE_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    expect_ref("graph replay " + std::to_string(replay));
+  }
+  SPARGE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  SPARGE_CUDA_CHECK(cudaGraphDestroy(graph));
+  SPARGE_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 SPARGE_CASES(GatherGpu) {
   const GCase shapes[] = {
       {1, 4, 4, 37, 300, 64, 64, DType::f16, false, false, 0.1, 1},
@@ -1088,7 +1206,13 @@ SPARGE_CASES(GatherGpu) {
   }
   for (const BadList& bl : kBadLists) {
     cases.push_back({Name("GATHER_GPU_BADLIST")("what", bl.what), [bl] { badlist_case(bl, "GATHER_GPU_BADLIST", Layout::q); }});
+    for (Layout layout : {Layout::q, Layout::kv}) {
+      const char* op = layout == Layout::kv ? "GATHER_GPU_KV_UNCHECKED_BADLIST" : "GATHER_GPU_UNCHECKED_BADLIST";
+      cases.push_back({Name(op)("what", bl.what), [bl, layout, op] { unchecked_badlist_case(bl, op, layout); }});
+    }
   }
+  cases.push_back({"GATHER_GPU_GRAPH(q_lists)", [] { graph_case(Layout::q); }});
+  cases.push_back({"GATHER_GPU_GRAPH(kv_lists)", [] { graph_case(Layout::kv); }});
   // PERF.md: hd128, 2048 keys per row, 64-row groups. TFLOPS counted on attended keys
   // (4 * D * sum(counts)); the union overlap (union size / sum of list sizes per group) is measured
   // on the host from the same lists.
@@ -1644,6 +1768,22 @@ SPARGE_CASES(GatherGpuKv) {
                                    ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, host[host.size() / 2], b2b, flops / (b2b * 1e-3) / 1e12, overlap, diff);
                        EXPECT_LE(diff, 2e-2);
                      }
+                     // The default path with check_lists = false (no read-back, no host wait): same bits.
+                     pp.use_lists(true);
+                     p.group_union = true;
+                     p.check_lists = false;
+                     std::vector<float> ms, host;
+                     ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms, &host));
+                     const double med = ms[ms.size() / 2];
+                     const double b2b = time_gather_back_to_back(p, 20);
+                     p.check_lists = true;
+                     SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+                     const bool same = o.download() == ref;
+                     std::printf("[perf] gather hd128 keys=2048 lists=per-kv-head group_union=1 path=default check_lists=0: median %.3f ms (min %.3f max %.3f), "
+                                 "%.1f TFLOPS on attended keys; host %.3f ms in the call; back-to-back %.3f ms per call (%.1f TFLOPS); bitwise the first row: %s\n",
+                                 med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, host[host.size() / 2], b2b, flops / (b2b * 1e-3) / 1e12,
+                                 same ? "yes" : "no");
+                     EXPECT_TRUE(same);
                    }});
 }
 

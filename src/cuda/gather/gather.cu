@@ -504,6 +504,16 @@ Status gather_attention(const GatherAttentionParams& p) {
   auto cuda_fail = [](const char* what, cudaError_t e) {
     return runtime_error(detail::cat(kOp, ": ", what, ": ", cudaGetErrorString(e)));
   };
+  if (p.check_lists) {
+    // The checked call reads the flags back to the host, which a stream capture cannot contain.
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(stream, &cs);
+    if (e != cudaSuccess) return cuda_fail("cannot query the stream's capture status", e);
+    if (cs != cudaStreamCaptureStatusNone) {
+      return detail::bad(kOp, "check_lists = true on a stream that is being captured (the list check reads its result back to the "
+                              "host; set check_lists = false to capture gather_attention in a CUDA graph)");
+    }
+  }
 
   gather::Geometry geo{};
   geo.batch = p.q.shape[0];
@@ -729,7 +739,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     if (e != cudaSuccess) return cuda_fail("union kernel launch failed", e);
     // The flags are complete once the last union kernel is: their read-back waits for it alone, so
     // the host's wait and the list checks overlap the attention kernels enqueued below.
-    if (g0 + wave >= total_groups) {
+    if (p.check_lists && g0 + wave >= total_groups) {
       e = fl.fork(ustream);
       if (e != cudaSuccess) return cuda_fail("cannot fork the flags' read-back", e);
     }
@@ -765,6 +775,7 @@ Status gather_attention(const GatherAttentionParams& p) {
   if (prof.on) prof.report(ua.ctas, ua.mask_rows, ua.variant, ua.pos_off >= 0, ua.rowbm_off >= 0, tile_rows, ac, list_rep, total_groups, wave, aa.l2_256 != 0);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("kernel launch failed", e);
+  if (!p.check_lists) return {};  // trusted lists: bad entries were skipped on the device, nothing to report
   e = fl.fetch_forked();
   if (e != cudaSuccess) return cuda_fail("kernel failed", e);
 
