@@ -1016,19 +1016,36 @@ const BadList kBadLists[] = {
     {"counts_negative", -1, -1, "counts[1, 1, 2] = -1 is out of range"},
 };
 
-void badlist_case(const BadList& bl, const std::string& salt, Layout layout) {
-  const GCase c{2, 4, 2, 5, 7, 64, 4, DType::f16, false, false, 0.0, 1};
-  const GProblem g = make_gather(c, salt);
-  const std::int64_t heads = layout == Layout::kv ? c.hk : c.hq;
-  const std::int64_t lists = c.b * heads * c.sq;
-  std::vector<std::int32_t> idx(static_cast<size_t>(lists * 4)), cnt(static_cast<size_t>(lists), 4);
-  for (std::int64_t r = 0; r < lists; ++r)
-    for (int t = 0; t < 4; ++t) idx[static_cast<size_t>(r * 4 + t)] = t;
-  const std::int64_t bad[2] = {(1 * heads + 1) * c.sq + 2, layout == Layout::kv ? 19 : 38};  // (1, 1, 2) is reported
+constexpr GCase kBadListCase{2, 4, 2, 5, 7, 64, 4, DType::f16, false, false, 0.0, 1};
+
+// The lists of a bad-list case in one layout: every list 0, 1, 2, 3 (n_max 4), two of them made bad.
+struct BadLists {
+  std::int64_t heads = 0, lists = 0;
+  std::vector<std::int32_t> idx, cnt;
+};
+BadLists bad_lists(const BadList& bl, Layout layout) {
+  const GCase& c = kBadListCase;
+  BadLists b;
+  b.heads = layout == Layout::kv ? c.hk : c.hq;
+  b.lists = c.b * b.heads * c.sq;
+  b.idx.resize(static_cast<size_t>(b.lists * 4));
+  b.cnt.assign(static_cast<size_t>(b.lists), 4);
+  for (std::int64_t r = 0; r < b.lists; ++r)
+    for (int t = 0; t < 4; ++t) b.idx[static_cast<size_t>(r * 4 + t)] = t;
+  const std::int64_t bad[2] = {(1 * b.heads + 1) * c.sq + 2, layout == Layout::kv ? 19 : 38};  // (1, 1, 2) is reported
   for (std::int64_t r : bad) {
-    if (bl.pos < 0) cnt[static_cast<size_t>(r)] = bl.value;
-    else idx[static_cast<size_t>(r * 4 + bl.pos)] = bl.value == -2 ? 0 : bl.value;
+    if (bl.pos < 0) b.cnt[static_cast<size_t>(r)] = bl.value;
+    else b.idx[static_cast<size_t>(r * 4 + bl.pos)] = bl.value == -2 ? 0 : bl.value;
   }
+  return b;
+}
+
+void badlist_case(const BadList& bl, const std::string& salt, Layout layout) {
+  const GProblem g = make_gather(kBadListCase, salt);
+  const BadLists b = bad_lists(bl, layout);
+  const std::vector<std::int32_t>& idx = b.idx;
+  const std::vector<std::int32_t>& cnt = b.cnt;
+  const std::int64_t heads = b.heads;
   std::vector<Backend> backends{Backend::cpu};
   if (have_gpu()) backends.push_back(Backend::cuda);
   for (Backend be : backends)
@@ -1048,17 +1065,12 @@ void badlist_case(const BadList& bl, const std::string& salt, Layout layout) {
 // key once), under per-row and union tiles and the union kernel's variants; the output guards hold.
 void unchecked_badlist_case(const BadList& bl, const std::string& salt, Layout layout) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  const GCase c{2, 4, 2, 5, 7, 64, 4, DType::f16, false, false, 0.0, 1};
+  const GCase& c = kBadListCase;
   const GProblem g = make_gather(c, salt);
-  const std::int64_t heads = layout == Layout::kv ? c.hk : c.hq;
-  const std::int64_t lists = c.b * heads * c.sq;
-  std::vector<std::int32_t> idx(static_cast<size_t>(lists * 4)), cnt(static_cast<size_t>(lists), 4);
-  for (std::int64_t r = 0; r < lists; ++r)
-    for (int t = 0; t < 4; ++t) idx[static_cast<size_t>(r * 4 + t)] = t;
-  for (std::int64_t r : {(1 * heads + 1) * c.sq + 2, layout == Layout::kv ? std::int64_t{19} : std::int64_t{38}}) {
-    if (bl.pos < 0) cnt[static_cast<size_t>(r)] = bl.value;
-    else idx[static_cast<size_t>(r * 4 + bl.pos)] = bl.value == -2 ? 0 : bl.value;
-  }
+  const BadLists b = bad_lists(bl, layout);
+  const std::vector<std::int32_t>& idx = b.idx;
+  const std::vector<std::int32_t>& cnt = b.cnt;
+  const std::int64_t heads = b.heads, lists = b.lists;
   std::vector<std::int32_t> sidx(idx.size(), -1), scnt(cnt.size(), 0);
   for (std::int64_t r = 0; r < lists; ++r) {
     const int n = std::clamp(cnt[static_cast<size_t>(r)], 0, c.n_max);
