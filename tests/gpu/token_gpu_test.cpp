@@ -749,7 +749,7 @@ void expect_bitwise(const GOut& a, const GOut& b, const std::string& what) {
 // for the perf benches: Q / K / V / O, both list layouts, and params with every tensor but the lists
 // (use_lists picks a layout). One seed for both benches, so their rows time the same problem.
 struct PerfProblem {
-  GCase c{1, 32, 8, 1024, 16384, 128, 2048, DType::f16, false, false, -1.0, 64, 0.0};
+  GCase c;
   GProblem g = make_gather(c, "GATHER_GPU_KV_PERF");
   KvLists kv = kv_lists(g);
   DeviceGuarded<unsigned char> dq{g.q.size() * 2}, dk{g.k.size() * 2}, dv{g.v.size() * 2}, o{g.q.size() * 2};
@@ -758,7 +758,7 @@ struct PerfProblem {
   GatherAttentionParams p;
   double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);  // on the attended keys
 
-  PerfProblem() {
+  explicit PerfProblem(std::int64_t d = 128) : c{1, 32, 8, 1024, 16384, d, 2048, DType::f16, false, false, -1.0, 64, 0.0} {
     dq.upload(to_bytes(g.q, c.t));
     dk.upload(to_bytes(g.k, c.t));
     dv.upload(to_bytes(g.v, c.t));
@@ -1192,6 +1192,10 @@ SPARGE_CASES(GatherGpu) {
     const GCase c{1, 8, 2, 130, 4096, 128, 512, DType::f16, false, false, 0.05, 64, 0.02};
     const std::string name = std::string("GATHER_GPU_WS_RELAUNCH(runs=400,union,") + (layout == Layout::kv ? "kv" : "q") + "_lists)";
     cases.push_back({name, [c, layout] { relaunch_case("GATHER_GPU_WS_RELAUNCH", layout, c, 400, true); }});
+  }
+  {  // The ws kernel at hd64 (its default since session 12), 400 launches, per-kv-head lists.
+    const GCase c{1, 8, 2, 130, 4096, 64, 512, DType::f16, false, false, 0.05, 64, 0.02};
+    cases.push_back({"GATHER_GPU_WS_RELAUNCH(runs=400,union,kv_lists,hd64)", [c] { relaunch_case("GATHER_GPU_WS_RELAUNCH_HD64", Layout::kv, c, 400, true); }});
   }
   // GATHER_GPU_WS_SMALL: one 160-row group at hd128 (two 128-row tiles, the second with 32 rows):
   // the default (ws on sm_90) against the fp64 oracle with O in Q's dtype (the staged epilogue) and
@@ -1796,6 +1800,41 @@ SPARGE_CASES(GatherGpuKv) {
                                  med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, host[host.size() / 2], b2b, flops / (b2b * 1e-3) / 1e12,
                                  same ? "yes" : "no");
                      EXPECT_TRUE(same);
+                   }});
+}
+
+// PERF.md's gather shape at head dim 64 (kv-head lists): the default attention (wgmma BM 128 at
+// hd64) next to the ws kernel, alone and with paired consumers; median, back-to-back and the
+// [gather profile] split per row, each checked against the first row.
+SPARGE_CASES(GatherGpuKvPerf64) {
+  cases.push_back({"GATHER_GPU_KV_PERF_HD64(b=1,hq=32,hk=8,sq=1024,sk=16384,d=64,keys=2048,union_rows=64,swap=0)", [] {
+                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
+                     gather_kv::PerfProblem pp(64);
+                     pp.use_lists(true);
+                     pp.p.group_union = true;
+                     std::vector<unsigned char> ref;
+                     struct Row { const char* path; const char* pair; };
+                     for (const Row& r : {Row{nullptr, nullptr}, Row{"ws", nullptr}, Row{"ws", "1"}, Row{"wgmma", nullptr}, Row{"ws", nullptr}}) {
+                       ScopedEnv e1("SPARGE_GATHER_PATH", r.path);
+                       ScopedEnv e2("SPARGE_GATHER_WS_PAIR", r.pair);
+                       std::vector<float> ms, host;
+                       ASSERT_NO_FATAL_FAILURE(time_gather(pp.p, 13, &ms, &host));
+                       const double med = ms[ms.size() / 2];
+                       const double b2b = time_gather_back_to_back(pp.p, 20);
+                       {
+                         ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
+                         ASSERT_TRUE(gather_attention(pp.p).ok());
+                       }
+                       SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+                       const std::vector<unsigned char> out = pp.o.download();
+                       if (ref.empty()) ref = out;
+                       const double diff = max_abs_diff16(out, ref, pp.c.t);
+                       std::printf("[perf] gather hd64 keys=2048 lists=per-kv-head group_union=1 path=%s%s: median %.3f ms (min %.3f max %.3f), %.1f TFLOPS "
+                                   "on attended keys; back-to-back %.3f ms per call (%.1f TFLOPS); max |O - O(first)| = %.2e\n",
+                                   r.path ? r.path : "default", r.pair ? " paired" : "", med, ms.front(), ms.back(), pp.flops / (med * 1e-3) / 1e12, b2b,
+                                   pp.flops / (b2b * 1e-3) / 1e12, diff);
+                       EXPECT_LE(diff, 2e-2);
+                     }
                    }});
 }
 

@@ -3,8 +3,8 @@
 //   union.cuh      per group: sorted union of the rows' lists + each row's membership mask;
 //   attention.cuh  flash attention of BM rows of a group over the union, masked per row
 //                  (mma.sync, sm_80+); attention_wgmma.cuh the same walk with wgmma (sm_90a),
-//                  attention_ws.cuh warp-specialized (sm_90a; the default for hd128 groups of
-//                  >= 128 rows), chosen per call by SPARGE_GATHER_PATH (select_attention below).
+//                  attention_ws.cuh warp-specialized (sm_90a; the default for groups of >= 128
+//                  rows), chosen per call by SPARGE_GATHER_PATH (select_attention below).
 // Tiles: with group_union, a group is the Hq/Hk heads of one kv head x union_rows consecutive query
 // positions, so adjacent tokens that select overlapping keys share each K/V load. Without it, a
 // group is the Hq/Hk heads of one kv head at ONE query position: the path that always runs, with
@@ -146,7 +146,7 @@ int env_int(const char* name, int fallback) {
 // 0.133 ms with it (~0.155 without); wgmma64 and ws unchanged (0.145-0.148, 0.168-0.170).
 bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 1) != 0; }
 
-// SPARGE_GATHER_PATH=ws (sm_90a; the default for hd128 groups of >= 128 rows): the warp-specialized
+// SPARGE_GATHER_PATH=ws (sm_90a; the default for groups of >= 128 rows): the warp-specialized
 // kernel. Its switches, read on every call (every variant walks the union in the same order with the same per-row
 // arithmetic, so the results are expected to be bitwise the same; the tests check each variant
 // against the fp64 oracle, not against each other):
@@ -214,19 +214,20 @@ bool sm90_binary(const void* fn) { return func_ptx_version(fn) >= 90; }
 //   ws              the warp-specialized sm_90a kernel (attention_ws.cuh, select_ws above; since
 //                   session 10 its attention step is 0.126-0.127 ms at PERF.md's shape against
 //                   0.131-0.133 for wgmma, s10r9 / s10r10);
-//   unset           on sm_90: "ws" for hd128 groups of at least 128 rows (session 11), "wgmma"
-//                   (BM 128, 3 stages, with the default prefetch) for hd64 groups of at least 128
-//                   rows (H200 2026-11-30 session 5, 256-row groups: attention 0.133 ms against
-//                   0.145 for wgmma64, 0.154-0.156 for wgmma without prefetch, 0.179 / 0.190
-//                   mma64 / mma128), else "mma"; elsewhere "mma". Another value: as unset,
-//                   without the ws default.
+//   unset           on sm_90: "ws" for groups of at least 128 rows (hd128 since session 11, hd64
+//                   since session 12: 0.068 ms against wgmma's 0.139), else "mma"; elsewhere "mma".
+//                   Another value: as unset without the ws default, i.e. "wgmma" (BM 128, 3 stages,
+//                   with the default prefetch) for groups of at least 128 rows (H200 2026-11-30
+//                   session 5, 256-row groups: 0.133 ms against 0.145 for wgmma64, 0.154-0.156 for
+//                   wgmma without prefetch, 0.179 / 0.190 mma64 / mma128), else "mma".
 // The wgmma kernels exist for sm_90 only; elsewhere a wgmma request takes the portable default.
 // (A per-row group is Hq/Hk rows, so a taller tile than the group is empty rows.)
 AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   const char* e = std::getenv("SPARGE_GATHER_PATH");
   std::string req = e != nullptr ? e : "";
-  // Unset on sm_90, hd128, groups of at least 128 rows: ws (session 11; see the list above).
-  const bool ws_default = e == nullptr && major == 9 && group_rows >= 128 && plan.d == 128;
+  // Unset on sm_90, groups of at least 128 rows: ws (hd128 since session 11; hd64 since session 12,
+  // s12r6: attention step 0.068 ms against wgmma's 0.139 at PERF.md's shape with d = 64).
+  const bool ws_default = e == nullptr && major == 9 && group_rows >= 128;
   if ((req == "ws" || ws_default) && major == 9 && plan.rows32) {
     const AttnChoice c = select_ws(plan, group_rows);
     if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return c;
@@ -549,15 +550,18 @@ Status gather_attention(const GatherAttentionParams& p) {
                                     std::min<std::int64_t>(65535, std::max<std::int64_t>(1, kScratchBudget / 2 / per_group)));
   }
 
-  StreamBuffer<std::int32_t> sizes(stream), keys(stream);
-  StreamBuffer<unsigned long long> masks(stream);
-  cudaError_t e = sizes.alloc(slots * wave);
-  if (e == cudaSuccess) e = keys.alloc(slots * wave * sc.ucap);
-  if (e == cudaSuccess) e = masks.alloc(slots * wave * sc.words_cap * geo.rows);
+  // One scratch allocation (a pool call each costs host time before the first kernel): the masks
+  // first (8-byte words), then the union keys from a 16-byte boundary (ucap is a multiple of 4:
+  // every group's row of keys stays 16-byte aligned), then the union sizes.
+  const std::int64_t mask_words = slots * wave * sc.words_cap * geo.rows;
+  const std::int64_t key_ints = slots * wave * sc.ucap;
+  const std::int64_t keys_at = (8 * mask_words + 15) / 16 * 16;
+  StreamBuffer<unsigned char> scratch(stream);
+  cudaError_t e = scratch.alloc(keys_at + 4 * key_ints + 4 * slots * wave);
   if (e != cudaSuccess) return cuda_fail("scratch allocation failed", e);
-  sc.union_size = sizes.ptr;
-  sc.union_keys = keys.ptr;
-  sc.masks = masks.ptr;
+  sc.masks = reinterpret_cast<unsigned long long*>(scratch.ptr);
+  sc.union_keys = reinterpret_cast<std::int32_t*>(scratch.ptr + keys_at);
+  sc.union_size = sc.union_keys + key_ints;
   flags::DeviceFlags<gather::kNumFlags> fl(stream);
   e = fl.init();
   if (e != cudaSuccess) return cuda_fail("flag allocation failed", e);
