@@ -758,7 +758,7 @@ struct PerfProblem {
   GatherAttentionParams p;
   double flops = 4.0 * c.d * 2048.0 * static_cast<double>(c.b * c.hq * c.sq);  // on the attended keys
 
-  explicit PerfProblem(std::int64_t d = 128) : c{1, 32, 8, 1024, 16384, d, 2048, DType::f16, false, false, -1.0, 64, 0.0} {
+  explicit PerfProblem(std::int64_t d = 128, std::int64_t hk = 8) : c{1, 32, hk, 1024, 16384, d, 2048, DType::f16, false, false, -1.0, 64, 0.0} {
     dq.upload(to_bytes(g.q, c.t));
     dk.upload(to_bytes(g.k, c.t));
     dv.upload(to_bytes(g.v, c.t));
@@ -1803,38 +1803,46 @@ SPARGE_CASES(GatherGpuKv) {
                    }});
 }
 
-// PERF.md's gather shape at head dim 64 (kv-head lists): the default attention (wgmma BM 128 at
-// hd64) next to the ws kernel, alone and with paired consumers; median, back-to-back and the
-// [gather profile] split per row, each checked against the first row.
+// Perf rows at PERF.md's gather shape (kv-head lists), one per attention path: median, back-to-back
+// and the [gather profile] split, each checked against the first row. GATHER_GPU_KV_PERF_HD64: head
+// dim 64, the default (ws since session 12; wgmma before) next to ws alone / paired and wgmma.
+// GATHER_GPU_MHA_PERF: the same with Hk = Hq = 32 (one list per head, 64-row groups: BM 64 tiles),
+// the default next to mma, ws (one consumer warpgroup, two CTAs per SM) and wgmma.
+void perf_rows(std::int64_t d, std::int64_t hk, const char* label, std::initializer_list<std::pair<const char*, const char*>> rows) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  gather_kv::PerfProblem pp(d, hk);
+  pp.use_lists(true);
+  pp.p.group_union = true;
+  std::vector<unsigned char> ref;
+  for (const auto& r : rows) {
+    ScopedEnv e1("SPARGE_GATHER_PATH", r.first);
+    ScopedEnv e2("SPARGE_GATHER_WS_PAIR", r.second);
+    std::vector<float> ms, host;
+    ASSERT_NO_FATAL_FAILURE(time_gather(pp.p, 13, &ms, &host));
+    const double med = ms[ms.size() / 2];
+    const double b2b = time_gather_back_to_back(pp.p, 20);
+    {
+      ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
+      ASSERT_TRUE(gather_attention(pp.p).ok());
+    }
+    SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> out = pp.o.download();
+    if (ref.empty()) ref = out;
+    const double diff = max_abs_diff16(out, ref, pp.c.t);
+    std::printf("[perf] gather %s keys=2048 group_union=1 path=%s%s: median %.3f ms (min %.3f max %.3f), %.1f TFLOPS "
+                "on attended keys; back-to-back %.3f ms per call (%.1f TFLOPS); max |O - O(first)| = %.2e\n",
+                label, r.first ? r.first : "default", r.second ? " paired" : "", med, ms.front(), ms.back(), pp.flops / (med * 1e-3) / 1e12, b2b,
+                pp.flops / (b2b * 1e-3) / 1e12, diff);
+    EXPECT_LE(diff, 2e-2);
+  }
+}
+
 SPARGE_CASES(GatherGpuKvPerf64) {
+  cases.push_back({"GATHER_GPU_MHA_PERF(b=1,hq=32,hk=32,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
+                     perf_rows(128, 32, "hd128 mha", {{nullptr, nullptr}, {"mma", nullptr}, {"ws", nullptr}, {"wgmma", nullptr}, {nullptr, nullptr}});
+                   }});
   cases.push_back({"GATHER_GPU_KV_PERF_HD64(b=1,hq=32,hk=8,sq=1024,sk=16384,d=64,keys=2048,union_rows=64,swap=0)", [] {
-                     if (!have_gpu()) GTEST_SKIP() << "no GPU";
-                     gather_kv::PerfProblem pp(64);
-                     pp.use_lists(true);
-                     pp.p.group_union = true;
-                     std::vector<unsigned char> ref;
-                     struct Row { const char* path; const char* pair; };
-                     for (const Row& r : {Row{nullptr, nullptr}, Row{"ws", nullptr}, Row{"ws", "1"}, Row{"wgmma", nullptr}, Row{"ws", nullptr}}) {
-                       ScopedEnv e1("SPARGE_GATHER_PATH", r.path);
-                       ScopedEnv e2("SPARGE_GATHER_WS_PAIR", r.pair);
-                       std::vector<float> ms, host;
-                       ASSERT_NO_FATAL_FAILURE(time_gather(pp.p, 13, &ms, &host));
-                       const double med = ms[ms.size() / 2];
-                       const double b2b = time_gather_back_to_back(pp.p, 20);
-                       {
-                         ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
-                         ASSERT_TRUE(gather_attention(pp.p).ok());
-                       }
-                       SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-                       const std::vector<unsigned char> out = pp.o.download();
-                       if (ref.empty()) ref = out;
-                       const double diff = max_abs_diff16(out, ref, pp.c.t);
-                       std::printf("[perf] gather hd64 keys=2048 lists=per-kv-head group_union=1 path=%s%s: median %.3f ms (min %.3f max %.3f), %.1f TFLOPS "
-                                   "on attended keys; back-to-back %.3f ms per call (%.1f TFLOPS); max |O - O(first)| = %.2e\n",
-                                   r.path ? r.path : "default", r.pair ? " paired" : "", med, ms.front(), ms.back(), pp.flops / (med * 1e-3) / 1e12, b2b,
-                                   pp.flops / (b2b * 1e-3) / 1e12, diff);
-                       EXPECT_LE(diff, 2e-2);
-                     }
+                     perf_rows(64, 8, "hd64 lists=per-kv-head", {{nullptr, nullptr}, {"ws", nullptr}, {"ws", "1"}, {"wgmma", nullptr}, {"ws", nullptr}});
                    }});
 }
 

@@ -222,12 +222,17 @@ bool sm90_binary(const void* fn) { return func_ptx_version(fn) >= 90; }
 //                   wgmma without prefetch, 0.179 / 0.190 mma64 / mma128), else "mma".
 // The wgmma kernels exist for sm_90 only; elsewhere a wgmma request takes the portable default.
 // (A per-row group is Hq/Hk rows, so a taller tile than the group is empty rows.)
+// The smallest group that takes the ws kernel by default on sm_90 (64: one consumer warpgroup, BM 64,
+// for groups of up to 64 rows, e.g. one list per head with union_rows 64).
+constexpr int kWsDefaultRows = 64;
+
 AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   const char* e = std::getenv("SPARGE_GATHER_PATH");
   std::string req = e != nullptr ? e : "";
-  // Unset on sm_90, groups of at least 128 rows: ws (hd128 since session 11; hd64 since session 12,
-  // s12r6: attention step 0.068 ms against wgmma's 0.139 at PERF.md's shape with d = 64).
-  const bool ws_default = e == nullptr && major == 9 && group_rows >= 128;
+  // Unset on sm_90, groups of at least kWsDefaultRows rows: ws (hd128 groups of >= 128 rows since
+  // session 11; hd64 since session 12, s12r6: attention step 0.068 ms against wgmma's 0.139 at
+  // PERF.md's shape with d = 64; groups of 64..127 rows: see kWsDefaultRows).
+  const bool ws_default = e == nullptr && major == 9 && group_rows >= kWsDefaultRows;
   if ((req == "ws" || ws_default) && major == 9 && plan.rows32) {
     const AttnChoice c = select_ws(plan, group_rows);
     if (sm90_binary(reinterpret_cast<const void*>(c.kernel))) return c;
