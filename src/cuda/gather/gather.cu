@@ -3,7 +3,7 @@
 //   union.cuh      per group: sorted union of the rows' lists + each row's membership mask;
 //   attention.cuh  flash attention of BM rows of a group over the union, masked per row
 //                  (mma.sync, sm_80+); attention_wgmma.cuh the same walk with wgmma (sm_90a),
-//                  attention_ws.cuh warp-specialized (sm_90a; the default for groups of >= 128
+//                  attention_ws.cuh warp-specialized (sm_90a; the default for groups of >= 64
 //                  rows), chosen per call by SPARGE_GATHER_PATH (select_attention below).
 // Tiles: with group_union, a group is the Hq/Hk heads of one kv head x union_rows consecutive query
 // positions, so adjacent tokens that select overlapping keys share each K/V load. Without it, a
@@ -146,7 +146,7 @@ int env_int(const char* name, int fallback) {
 // 0.133 ms with it (~0.155 without); wgmma64 and ws unchanged (0.145-0.148, 0.168-0.170).
 bool prefetch_on() { return env_int("SPARGE_GATHER_PREFETCH", 1) != 0; }
 
-// SPARGE_GATHER_PATH=ws (sm_90a; the default for groups of >= 128 rows): the warp-specialized
+// SPARGE_GATHER_PATH=ws (sm_90a; the default for groups of >= 64 rows): the warp-specialized
 // kernel. Its switches, read on every call (every variant walks the union in the same order with the same per-row
 // arithmetic, so the results are expected to be bitwise the same; the tests check each variant
 // against the fp64 oracle, not against each other):
@@ -214,8 +214,10 @@ bool sm90_binary(const void* fn) { return func_ptx_version(fn) >= 90; }
 //   ws              the warp-specialized sm_90a kernel (attention_ws.cuh, select_ws above; since
 //                   session 10 its attention step is 0.126-0.127 ms at PERF.md's shape against
 //                   0.131-0.133 for wgmma, s10r9 / s10r10);
-//   unset           on sm_90: "ws" for groups of at least 128 rows (hd128 since session 11, hd64
-//                   since session 12: 0.068 ms against wgmma's 0.139), else "mma"; elsewhere "mma".
+//   unset           on sm_90: "ws" for groups of at least 64 rows (hd128 groups of >= 128 rows
+//                   since session 11; session 12: hd64, 0.068 ms against wgmma's 0.139, and groups of
+//                   64..127 rows, 0.101 ms against mma's 0.175 with one list per head), else "mma";
+//                   elsewhere "mma".
 //                   Another value: as unset without the ws default, i.e. "wgmma" (BM 128, 3 stages,
 //                   with the default prefetch) for groups of at least 128 rows (H200 2026-11-30
 //                   session 5, 256-row groups: 0.133 ms against 0.145 for wgmma64, 0.154-0.156 for
@@ -231,7 +233,7 @@ AttnChoice select_attention(const GatherPlan& plan, int group_rows, int major) {
   std::string req = e != nullptr ? e : "";
   // Unset on sm_90, groups of at least kWsDefaultRows rows: ws (hd128 groups of >= 128 rows since
   // session 11; hd64 since session 12, s12r6: attention step 0.068 ms against wgmma's 0.139 at
-  // PERF.md's shape with d = 64; groups of 64..127 rows: see kWsDefaultRows).
+  // PERF.md's shape with d = 64; 64-row groups since s12r8: 0.101 ms against mma's 0.175).
   const bool ws_default = e == nullptr && major == 9 && group_rows >= kWsDefaultRows;
   if ((req == "ws" || ws_default) && major == 9 && plan.rows32) {
     const AttnChoice c = select_ws(plan, group_rows);
