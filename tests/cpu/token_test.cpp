@@ -976,6 +976,9 @@ SPARGE_CASES(TokenGather) {
                        if (std::string(bl.what) == "duplicate") {
                          EXPECT_NE(g.run(1).message().find("repeats an earlier entry"), std::string::npos);
                        }
+                       // check_lists = false is a CUDA option: the CPU backend still checks.
+                       g.p.check_lists = false;
+                       expect_error(g.run(1), StatusCode::invalid_argument, bl.fragment);
                      }});
   }
 
