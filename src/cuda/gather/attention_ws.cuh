@@ -16,8 +16,8 @@
 //     (pingpong on named barriers 2 and 3), so one's softmax overlaps the other's GEMMs.
 // C (1 or 2 consumer warpgroups) is a template parameter chosen by the host from the group's rows:
 // 2 (BM 128) for groups of more than 64 rows -- PERF.md's 256-row groups are two CTAs that gather
-// the same keys (the second from L2); 1 (BM 64, 256 threads, two CTAs per SM at hd128 with 3
-// stages) for groups of at most 64 rows, where a second warpgroup would only hold rows past the
+// the same keys (the second from L2); 1 (BM 64, 256 threads, two CTAs per SM: at hd128 2 stages
+// with the prefetch buffers, 3 without) for groups of at most 64 rows, where a second warpgroup would only hold rows past the
 // group's end (their mask words are 0) and double the MMA work for nothing. SPARGE_GATHER_WS_WG
 // overrides it (gather.cu).
 //
@@ -88,7 +88,8 @@ struct WsShape {
   static constexpr int kConsumers = C;
   static constexpr int kThreads = 128 * (C + 1);
   static constexpr int kBM = 64 * C;
-  // BM 64: two CTAs per SM (registers and, at hd128, 3 stages of shared memory each).
+  // BM 64: two CTAs per SM (registers and, at hd128, 2 stages of shared memory each with the
+  // prefetch buffers, 3 without).
   static constexpr int kMinBlocks = C == 1 ? 2 : 1;
   // setmaxnreg budgets (as Traits in sm90/kernel.cuh): the CTA's launch registers, the producer
   // keeps kProducerRegs (it computes 16 addresses per stage and prefetches the next step's union
