@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # A model of the K/V ring of attention_ws.cuh (the warp-specialized gather attention kernel), run
-# by hand: `python3 src/cuda/gather/ws_ring_model.py` prints "ok N runs" or raises.
+# by ctest (test ws_ring_model) and by hand: `python3 src/cuda/gather/ws_ring_model.py` prints "ok N runs" or raises.
 # Not the kernel: one process for the producer warpgroup (its 128 threads move in step: their
 # copies of a stage are one unit, landing in issue order at random later times), one per consumer
 # warpgroup, random interleavings. mbarriers as in PTX (a phase completes at its count; a wait for
