@@ -12,10 +12,11 @@
 # and off. Mutations that fail it (tried 2026-11-30): the producer waiting for the empty barrier's
 # own parity instead of its complement (deadlock), a consumer releasing V before its PV retired
 # (WAR), the wait mode arriving the last V before its copies landed (stale read).
-# run_persistent (2026-12-01, session 12): the protocol planned for a persistent ws kernel (tiles in
+# persistent=True (2026-12-01, session 12): the protocol planned for a persistent ws kernel (tiles in
 # sequence, the ring continuing across them, Q gated by a q_empty barrier), with three mutations that
-# must fail it (checked at the end of a run).
-import random, sys
+# must fail it (checked at the end of a run). Both walks are one model: the per-tile kernel is the
+# walk of one tile without Q.
+import random
 
 class Bar:
     def __init__(s, count): s.count, s.arr, s.ph = count, 0, 0
@@ -25,157 +26,62 @@ class Bar:
         if s.arr == s.count: s.arr, s.ph = 0, s.ph + 1
     def ready(s, parity): return (s.ph & 1) != parity
 
-def run(stages, nblk, C, mode, pingpong, seed):
-    rnd = random.Random(seed)
-    kf = [Bar(1) for _ in range(stages)]; vf = [Bar(1) for _ in range(stages)]
-    ke = [Bar(C) for _ in range(stages)]; ve = [Bar(C) for _ in range(stages)]
-    kbuf = [None]*stages; vbuf = [None]*stages      # step whose data has LANDED
-    kread = [0]*stages; vread = [0]*stages          # readers in flight
-    pending = []  # in-flight copies: (kind, b, step)
-    tokens = {2: 0, 3: 0}
-    def land_some():
-        # copies complete in order per thread (conservative: random subset, in order)
-        while pending and rnd.random() < 0.5:
-            kind, b, step, arrive_bar = pending.pop(0)
-            buf = kbuf if kind == 'k' else vbuf
-            rd = kread if kind == 'k' else vread
-            assert rd[b] == 0, f"WAR: {kind}{b} written while read (step {step})"
-            buf[b] = step
-            if arrive_bar is not None: arrive_bar.arrive()
-    def producer():
-        b, phase, bprev = 0, 0, 0
-        for blk in range(nblk):
-            while not ke[b].ready(phase ^ 1): yield
-            pending.append(('k', b, blk, kf[b] if mode == 'noinc' else None))
-            if mode == 'wait' and blk > 0:
-                # wait_group 1: everything but the newest group (K_blk) landed
-                while len(pending) > 1: yield
-                vf[bprev].arrive()
-            while not ve[b].ready(phase ^ 1): yield
-            pending.append(('v', b, blk, vf[b] if mode == 'noinc' else None))
-            if mode == 'wait':
-                while len(pending) > 1: yield
-                kf[b].arrive()
-            bprev = b
-            b += 1
-            if b == stages: b, phase = 0, phase ^ 1
-            yield
-        if mode == 'wait' and nblk > 0:
-            while pending: yield
-            vf[bprev].arrive()
-    def consumer(cw):
-        pp = C == 2 and pingpong
-        def turn_begin():
-            if pp:
-                while tokens[2 + cw] == 0: yield
-                tokens[2 + cw] -= 1
-        def turn_end():
-            if pp: tokens[2 + (cw ^ 1)] += 1
-        if pp and cw == 1: tokens[2] += 1
-        if nblk > 0:
-            while not kf[0].ready(0): yield
-            assert kbuf[0] == 0
-            yield from turn_begin()
-            kread[0] += 1            # S_0 issued
-            turn_end(); yield
-            kread[0] -= 1; ke[0].arrive()   # wait<0>, release
-            bprev, phprev = 0, 0
-            b, ph = 1, 0
-            for blk in range(1, nblk):
-                while not kf[b].ready(ph): yield
-                while not vf[bprev].ready(phprev): yield
-                assert kbuf[b] == blk, (kbuf[b], blk)
-                assert vbuf[bprev] == blk - 1
-                yield from turn_begin()
-                kread[b] += 1; vread[bprev] += 1
-                turn_end(); yield
-                kread[b] -= 1; ke[b].arrive(); yield
-                vread[bprev] -= 1; ve[bprev].arrive()
-                bprev, phprev = b, ph
-                b += 1
-                if b == stages: b, ph = 0, ph ^ 1
-            while not vf[bprev].ready(phprev): yield
-            assert vbuf[bprev] == nblk - 1
-            yield from turn_begin()
-            vread[bprev] += 1
-            turn_end(); yield
-            vread[bprev] -= 1; ve[bprev].arrive()
-        if pp and cw == 0:
-            while tokens[2] == 0: yield
-            tokens[2] -= 1
-    procs = [producer()] + [consumer(c) for c in range(C)]
-    alive = list(procs); idle = 0
-    while alive:
-        p = rnd.choice(alive)
-        land_some()
-        try:
-            next(p)
-        except StopIteration:
-            alive.remove(p)
-        idle += 1
-        if idle > 200000: raise RuntimeError(f"deadlock stages={stages} nblk={nblk} C={C} mode={mode} pp={pingpong}")
-    assert tokens[2] == 0 and tokens[3] == 0, tokens
+class Copies:
+    """The producer's copies in flight: they land in issue order (conservative: a random number of
+    them at each scheduling step), each into its buffer slot, which no reader may hold then, and
+    arrive on their barrier (noinc) when they land."""
+    def __init__(s, rnd): s.rnd, s.pending = rnd, []
+    def issue(s, buf, readers, slot, value, bar, what): s.pending.append((buf, readers, slot, value, bar, what))
+    def land_some(s):
+        while s.pending and s.rnd.random() < 0.5:
+            buf, readers, slot, value, bar, what = s.pending.pop(0)
+            assert readers[slot] == 0, f"WAR: {what} written while read ({value})"
+            buf[slot] = value
+            if bar is not None: bar.arrive()
 
-n = 0
-for stages in range(2, 9):
-    for nblk in [0, 1, 2, 3, 5, 9, 17]:
-        for C in (1, 2):
-            for mode in ('noinc', 'wait'):
-                for pp in (True, False):
-                    for seed in range(20):
-                        run(stages, nblk, C, mode, pp, seed); n += 1
-print("ok", n, "runs")
-
-
-# ---- the persistent variant (planned, docs/token_sparse.md "Session 12"; no kernel yet) ----------
-# One CTA walks a sequence of tiles (nblks[i] steps each, 0 allowed). The K/V ring's stage and parity
-# counters continue across tiles in both roles. Q: the producer copies tile i's Q after tile i's K_0
-# has been issued and after waiting for q_empty of tile i - 1 (each consumer warpgroup arrives once
-# its staged epilogue, which writes through the Q tile, is done); the copy arrives on q_full when it
-# lands (noinc). Consumers wait q_full with parity i & 1. Pingpong turns open and close per tile.
-# Checked as above plus: every QK^T reads its own tile's Q, no Q copy lands while a QK^T or an
-# epilogue of the previous tile still uses the buffer, and both named barriers balanced at exit.
-def run_persistent(stages, nblks, C, pingpong, seed, mutation=None):
+# One CTA's walk over the tiles nblks (steps each; the per-tile kernel: one tile, persistent False).
+# mode: the producer's 'noinc' or 'wait' completion (the persistent walk is planned with noinc only).
+def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None, limit=200000):
+    assert mode == 'noinc' or not persistent
     rnd = random.Random(seed)
     kf = [Bar(1) for _ in range(stages)]; vf = [Bar(1) for _ in range(stages)]
     ke = [Bar(C) for _ in range(stages)]; ve = [Bar(C) for _ in range(stages)]
     qf, qe = Bar(1), Bar(C)
-    kbuf = [None]*stages; vbuf = [None]*stages
-    kread = [0]*stages; vread = [0]*stages
-    qbuf = [None]; qread = [0]
-    pending = []
+    kbuf = [None]*stages; vbuf = [None]*stages      # (tile, step) whose data has LANDED
+    kread = [0]*stages; vread = [0]*stages          # readers in flight
+    qbuf = [None]; qread = [0]                      # Q: its tile; QK^T / epilogue users
+    copies = Copies(rnd)
     tokens = {2: 0, 3: 0}
-    def land_some():
-        while pending and rnd.random() < 0.5:
-            kind, b, step, arrive_bar = pending.pop(0)
-            if kind == 'q':
-                assert qread[0] == 0, f"WAR: Q of tile {step} written while the buffer is in use"
-                qbuf[0] = step
-            else:
-                buf = kbuf if kind == 'k' else vbuf
-                rd = kread if kind == 'k' else vread
-                assert rd[b] == 0, f"WAR: {kind}{b} written while read (step {step})"
-                buf[b] = step
-            arrive_bar.arrive()
     def producer():
-        b, phase = 0, 0
+        b, phase, bprev = 0, 0, 0
         for i, nblk in enumerate(nblks):
-            def load_q():
+            def load_q():  # persistent: tile i's Q, after q_empty of tile i - 1
                 if i > 0 and mutation != 'q_no_wait':
                     while not qe.ready((i - 1) & 1): yield
-                pending.append(('q', 0, i, qf))
-            if nblk == 0:
+                copies.issue(qbuf, qread, 0, i, qf, "Q")
+            if persistent and nblk == 0:
                 yield from load_q()
             for blk in range(nblk):
                 while not ke[b].ready(phase ^ 1): yield
-                pending.append(('k', b, (i, blk), kf[b]))
-                if blk == 0:
+                copies.issue(kbuf, kread, b, (i, blk), kf[b] if mode == 'noinc' else None, f"k{b}")
+                if mode == 'wait' and blk > 0:
+                    # wait_group 1: everything but the newest group (K_blk) landed
+                    while len(copies.pending) > 1: yield
+                    vf[bprev].arrive()
+                if persistent and blk == 0:
                     yield from load_q()
                 while not ve[b].ready(phase ^ 1): yield
-                pending.append(('v', b, (i, blk), vf[b]))
+                copies.issue(vbuf, vread, b, (i, blk), vf[b] if mode == 'noinc' else None, f"v{b}")
+                if mode == 'wait':
+                    while len(copies.pending) > 1: yield
+                    kf[b].arrive()
+                bprev = b
                 b += 1
                 if b == stages: b, phase = 0, phase ^ 1
                 yield
+            if mode == 'wait' and nblk > 0:
+                while copies.pending: yield
+                vf[bprev].arrive()
     def consumer(cw):
         pp = C == 2 and pingpong
         def turn_begin():
@@ -188,15 +94,16 @@ def run_persistent(stages, nblks, C, pingpong, seed, mutation=None):
         for i, nblk in enumerate(nblks):
             if mutation == 'ring_reset': b, ph = 0, 0
             if pp and cw == 1: tokens[2] += 1
-            while not qf.ready(i & 1): yield
-            assert qbuf[0] == i, (qbuf[0], i)
+            if persistent:
+                while not qf.ready(i & 1): yield
+                assert qbuf[0] == i, (qbuf[0], i)
             if nblk > 0:
                 while not kf[b].ready(ph): yield
-                assert kbuf[b] == (i, 0)
+                assert kbuf[b] == (i, 0), (kbuf[b], i)
                 yield from turn_begin()
-                kread[b] += 1; qread[0] += 1
+                kread[b] += 1; qread[0] += 1            # S_0 issued
                 turn_end(); yield
-                kread[b] -= 1; qread[0] -= 1; ke[b].arrive()
+                kread[b] -= 1; qread[0] -= 1; ke[b].arrive()   # wait<0>, release
                 bprev, phprev = b, ph
                 b += 1
                 if b == stages: b, ph = 0, ph ^ 1
@@ -222,6 +129,8 @@ def run_persistent(stages, nblks, C, pingpong, seed, mutation=None):
             if pp and cw == 0:
                 while tokens[2] == 0: yield
                 tokens[2] -= 1
+            if not persistent:
+                continue
             if mutation == 'q_early_release':
                 qe.arrive(); qread[0] += 1; yield
                 qread[0] -= 1
@@ -230,8 +139,8 @@ def run_persistent(stages, nblks, C, pingpong, seed, mutation=None):
                 qread[0] -= 1; qe.arrive()
     procs = [producer()] + [consumer(c) for c in range(C)]
     alive = list(procs); idle = 0
-    while alive or pending:
-        land_some()
+    while alive or copies.pending:
+        copies.land_some()
         if not alive: continue
         p = rnd.choice(alive)
         try:
@@ -239,8 +148,19 @@ def run_persistent(stages, nblks, C, pingpong, seed, mutation=None):
         except StopIteration:
             alive.remove(p)
         idle += 1
-        if idle > 400000: raise RuntimeError(f"deadlock stages={stages} nblks={nblks} C={C} pp={pingpong}")
+        if idle > limit:
+            raise RuntimeError(f"deadlock stages={stages} nblks={nblks} C={C} mode={mode} pp={pingpong} persistent={persistent}")
     assert tokens[2] == 0 and tokens[3] == 0, tokens
+
+n = 0
+for stages in range(2, 9):
+    for nblk in [0, 1, 2, 3, 5, 9, 17]:
+        for C in (1, 2):
+            for mode in ('noinc', 'wait'):
+                for pp in (True, False):
+                    for seed in range(20):
+                        run(stages, [nblk], C, mode, pp, seed); n += 1
+print("ok", n, "runs")
 
 m = 0
 for stages in range(2, 7):
@@ -249,7 +169,7 @@ for stages in range(2, 7):
             for seed in range(40):
                 rnd = random.Random(seed * 131 + stages)
                 nblks = [rnd.choice([0, 1, 2, 3, 5, 9]) for _ in range(rnd.randint(1, 5))]
-                run_persistent(stages, nblks, C, pp, seed); m += 1
+                run(stages, nblks, C, 'noinc', pp, seed, persistent=True, limit=400000); m += 1
 print("ok", m, "persistent runs")
 
 # Mutations that must fail: the producer's Q copy without waiting for q_empty, a consumer releasing
@@ -260,7 +180,7 @@ for mutation in ('q_no_wait', 'q_early_release', 'ring_reset'):
         rnd = random.Random(seed)
         nblks = [rnd.choice([0, 1, 2, 3, 5]) for _ in range(rnd.randint(2, 5))]
         try:
-            run_persistent(rnd.randint(2, 4), nblks, rnd.choice((1, 2)), True, seed, mutation)
+            run(rnd.randint(2, 4), nblks, rnd.choice((1, 2)), 'noinc', True, seed, persistent=True, mutation=mutation, limit=400000)
         except (AssertionError, RuntimeError):
             failed += 1
     assert failed > 0, f"the mutation {mutation} was not caught"
