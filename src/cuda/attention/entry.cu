@@ -70,12 +70,15 @@ struct Sm90Variant {
       SPARGE_SM90_VARIANT(dt, ty, 128, 128, 64), SPARGE_SM90_VARIANT(dt, ty, 128, 128, 128)
 
 // Every instantiation in sm90/inst/ (its generate.sh writes the same set).
-// Plus the dense-only tile of attn::sm90::dense_tile: 192 x 128 at head dim 64 (the default;
-// SPARGE_SM90_VARIANT bit 8 selects 128 x 128).
+// Plus the dense-only tiles of attn::sm90::dense_tile: 192 x 128 at head dim 64 (the default;
+// SPARGE_SM90_VARIANT bit 8 selects 128 x 128) and 128 x 176 at head dim 128 without causal masking
+// (the default; bit 4096 selects 128 x 128).
 const Sm90Variant kSm90Variants[] = {SPARGE_SM90_VARIANTS_OF(DType::f16, __half),
                                      SPARGE_SM90_VARIANTS_OF(DType::bf16, __nv_bfloat16),
                                      SPARGE_SM90_VARIANT(DType::f16, __half, 64, 192, 128),
-                                     SPARGE_SM90_VARIANT(DType::bf16, __nv_bfloat16, 64, 192, 128)};
+                                     SPARGE_SM90_VARIANT(DType::bf16, __nv_bfloat16, 64, 192, 128),
+                                     SPARGE_SM90_VARIANT(DType::f16, __half, 128, 128, 176),
+                                     SPARGE_SM90_VARIANT(DType::bf16, __nv_bfloat16, 128, 128, 176)};
 
 #undef SPARGE_SM90_VARIANTS_OF
 #undef SPARGE_SM90_VARIANT
@@ -100,8 +103,8 @@ const Fp8Variant kFp8Variants[] = {SPARGE_FP8_VARIANT(DType::f16, __half, 64), S
 // summation order.
 constexpr int kDenseBlockQ = 128;
 constexpr int kDenseBlockK = 64;
-// The Hopper kernel's dense tile: attn::sm90::dense_tile (128 x 128 at head dim 128, FA3's
-// 192 x 128 at head dim 64 unless SPARGE_SM90_VARIANT bit 8 asks for 128 x 128).
+// The Hopper kernel's dense tile: attn::sm90::dense_tile (FA3's: 128 x 176 at head dim 128 without
+// causal masking, 128 x 128 with it, 192 x 128 at head dim 64; variant bits 4096 and 8 ask for 128 x 128).
 
 // What the selection function needs to know, shared by the sparse and the dense entry.
 struct Problem {

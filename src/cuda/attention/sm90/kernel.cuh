@@ -52,6 +52,10 @@ struct Traits {
   static constexpr int kBlockQ = BLKQ_;
   static constexpr int kBlockK = BLKK_;              // keys of one LUT block
   static constexpr bool kPair = PAIR_;
+  // The dense-only tile (sm90::dense_tile: 176 keys at head dim 128, non-causal): never given a LUT
+  // or pv_threshold, so those paths are not compiled into it.
+  static constexpr bool kDenseOnly = BLKK_ % 64 != 0;
+  static_assert(!kDenseOnly || (!PAIR_ && !FP8_ && BLKK_ % 16 == 0), "dense-only tiles: whole 16-key PV k-steps");
   static constexpr int kTileK = PAIR_ ? 2 * BLKK_ : BLKK_;  // keys of one stage (the wgmma N of QK^T)
   static_assert(!PAIR_ || BLKK_ == 64, "pairing joins two 64-key LUT blocks into one 128-key tile");
   static constexpr int kConsumers = consumer_warpgroups(BLKQ_);
@@ -1061,9 +1065,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       Consumer<Tr> c(p, sm, t, cw, tid % 128, P, qs.buf);
       const WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
       // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
-      // 192-row tile is dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
+      // 192-row and 176-key tiles are dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
       // launcher does not pair with that bit and pv_threshold on).
-      if constexpr (Tr::kConsumers <= 2) {
+      if constexpr (Tr::kConsumers <= 2 && !Tr::kDenseOnly) {
         if (p.use_pv_threshold) {
           if constexpr (!Tr::kPair) {
             if ((P.variant & kVariantLegacyPv) != 0) {
@@ -1124,8 +1128,11 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   // 11% with static striding, dense hd128 was even). The paired 128 x 64 LUT at head dim 128 too since
   // the session-3 rounds of 2026-11-30 (with the leaner consumer): 1.68 vs 1.74 ms at density 0.1 in
   // three interleaved repeats, 6.04 vs 6.17 ms at 0.4 (noisy), where round 3 had measured -8% at 0.4.
+  // The dense-only 176-key tile (non-causal) too, with the multicast below: session 13, H200, b2 h32
+  // s16384 d128, two interleaved repeats: 597.0 / 595.6 TFLOPS plain, 600.5 / 600.8 persistent,
+  // 606.6 / 612.6 multicast, 611.5 / 611.9 both (docs/attention_sm90.md, "Session 13").
   bool persistent = !p.p.is_causal && Tr::kBlockQ >= 128 && (!Tr::kPair || Tr::kHeadDim == 128) &&
-                    (p.p.lut != nullptr || Tr::kHeadDim == 64);
+                    (p.p.lut != nullptr || Tr::kHeadDim == 64 || Tr::kDenseOnly);
   if ((p.variant & kVariantPersistent) != 0) persistent = true;
   if ((p.variant & kVariantNoPersistent) != 0) persistent = false;
   int grid = num_tiles;
@@ -1133,9 +1140,13 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   if ((p.variant & kVariantPersistentTest) != 0 && num_tiles > 3) grid = 3;  // every CTA walks many tiles
   // Multicast (kVariantClusterKV, dense hd128 non-causal only): clusters of 2 CTAs on tiles 2c, 2c + 1,
   // which are query blocks of one (batch, head) when nq is even, so they walk the same keys; each
-  // loads one 64-column slab of every K/V tile for both. One tile per CTA (no persistence).
-  const bool mc = (p.variant & kVariantClusterKV) != 0 && p.p.lut == nullptr && !p.p.is_causal && Tr::kMayMulticast &&
-                  p.p.nq % 2 == 0 && num_tiles % 2 == 0;
+  // loads one 64-column slab of every K/V tile for both. Persistent too when the rule above (or bit
+  // 16) says so: an even grid of as many clusters as fit at once, so the two CTAs of a cluster walk
+  // slots 2c + k * grid and 2c + 1 + k * grid, again neighbouring query blocks of one head.
+  // The default for the dense-only 176-key tile (bit 8192 turns it off), on request (bit 128) for 128 x 128.
+  const bool mc_wanted = Tr::kDenseOnly ? (p.variant & kVariantNoClusterKV) == 0 : (p.variant & kVariantClusterKV) != 0;
+  const bool mc = mc_wanted && p.p.lut == nullptr && !p.p.is_causal && Tr::kMayMulticast && p.p.nq % 2 == 0 &&
+                  num_tiles % 2 == 0;
   if (mc) {
     q.multicast = 1;
     cudaLaunchConfig_t cfg{};
@@ -1150,6 +1161,14 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
+    int clusters = 0;
+    if ((p.variant & kVariantPersistentTest) != 0 && num_tiles > 3) {
+      cfg.gridDim = dim3(2u);  // the test hook: one cluster walks every tile
+    } else if (grid < num_tiles && cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess &&
+               clusters > 0 && 2 * clusters < num_tiles) {
+      cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters));
+    }
+    cudaGetLastError();
     if (cudaLaunchKernelEx(&cfg, kernel, q) != cudaSuccess) {
       cudaGetLastError();  // clusters refused: the plain launch below
       q.multicast = 0;

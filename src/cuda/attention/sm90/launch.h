@@ -42,7 +42,8 @@ constexpr int kVariantDenseQ128 = 8;   // dense head dim 64: 128 x 128 tiles (de
 constexpr int kVariantPersistent = 16;      // persistent CTAs always (grid = CTAs the GPU holds at once)
 constexpr int kVariantPersistentTest = 32;  // test hook: persistent with a grid of 3 CTAs (many tiles each)
 constexpr int kVariantNoPersistent = 64;    // never persistent (overrides the default rule and bit 16)
-constexpr int kVariantClusterKV = 128;      // dense hd128 non-causal: CTA pairs share K/V loads (TMA multicast)
+constexpr int kVariantClusterKV = 128;      // dense hd128 non-causal 128 x 128: CTA pairs share K/V loads (TMA
+                                            // multicast; the 128 x 176 tile's default, see bit 8192)
 constexpr int kVariantLegacyPv = 256;       // pv_threshold: the pre-round-5 path (unpaired 64-key tiles, one
                                             // bar.red.and of all consumer threads per tile, lockstep)
 constexpr int kVariantTestOwnVote = 512;    // test hook, WRONG ON PURPOSE: BLKQ 128 decides pv_threshold on each
@@ -53,13 +54,18 @@ constexpr int kVariantEarlyNext = 1024;     // persistent CTAs: the producer pre
 constexpr int kVariantQDouble = 2048;       // persistent CTAs: two Q buffers (kernels whose shared memory
                                             // has room, Traits::kQBufs), so the next tile's Q and K/V loads
                                             // never wait for this tile's last QK^T (session 6, opt-in)
+constexpr int kVariantDenseK128 = 4096;     // dense head dim 128 non-causal: 128 x 128 tiles (default since
+                                            // session 13: 128 x 176, FA3's tile for this case)
+constexpr int kVariantNoClusterKV = 8192;   // the dense 128 x 176 tile without its default K/V multicast
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT or head dim 64 (docs/attention_sm90.md: round 4, and the paired LUT since session 3).
 // SPARGE_SM90_VARIANT's bits; `unset` when the variable is not set (the fp8 kernels' defaults differ).
 int variant_bits(int unset = 0);
 
-// The dense tile of the Hopper kernel for this call (the variant bits above, read now): 128 x 128,
-// and 192 x 128 at head dim 64 unless bit 8 asks for 128 x 128.
+// The dense tile of the Hopper kernel for this call (the variant bits above, read now): 128 x 176 at
+// head dim 128 without causal masking unless bit 4096 asks for 128 x 128 (a 176-key tile pays the
+// per-tile costs of the consumers' loop over 176 keys; its one partial tile per row is masked like
+// any tile crossing sk); 192 x 128 at head dim 64 unless bit 8 asks for 128 x 128; 128 x 128 otherwise.
 struct DenseTile {
   int blkq, blkk;
 };

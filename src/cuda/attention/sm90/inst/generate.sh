@@ -14,8 +14,8 @@ for dt in f16 bf16; do
       done
     done
   done
-  # Dense-only tile (attn::sm90::dense_tile): 192 x 128 at head dim 64.
-  for shape in "64 192 128"; do
+  # Dense-only tiles (attn::sm90::dense_tile): 192 x 128 at head dim 64, 128 x 176 at head dim 128.
+  for shape in "64 192 128" "128 128 176"; do
     set -- $shape
     f=sm90_${dt}_hd$1_q$2_k$3.cu
     {
