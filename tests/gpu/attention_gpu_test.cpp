@@ -1017,6 +1017,26 @@ SPARGE_CASES(AttentionGpuProperties) {
     c.dt = DType::f16; c.b = 2; c.hq = 4; c.hk = 2; c.sq = 1000; c.sk = 1000; c.d = 128; c.lut = Lut::dense_api;
     expect_relaunches_bitwise(c, 400);
   }});
+  // The dense 128 x 176 tile's default launch where it is persistent and multicast (512 query tiles,
+  // more than one wave of CTAs; the DENSE cases above are all smaller than a wave) against the same
+  // kernel one tile per CTA without multicast (bits 64 | 8192): the same tiles and arithmetic, so
+  // bitwise the same O and LSE (sk = 2048: every row ends with a masked partial tile).
+  cases.push_back({"DENSE_PERSISTENT_MC(dt=f16,b=2,hq=16,hk=4,sq=2048,sk=2048,d=128)", [] {
+    if (!have_gpu()) GTEST_SKIP() << "no GPU";
+    if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the 176 tile is the sm90 kernel's)";
+    Cfg c;
+    c.dt = DType::f16; c.b = 2; c.hq = 16; c.hk = 4; c.sq = 2048; c.sk = 2048; c.d = 128; c.lut = Lut::dense_api;
+    Problem p = make_problem(c);
+    std::vector<std::vector<std::uint32_t>> persistent_mc, plain;
+    p.c.variant = 0;  // the defaults, whatever SPARGE_SM90_VARIANT the run has
+    EXPECT_TRUE(run_gpu(p, 2, &persistent_mc).guards);
+    p.c.variant = 64 | 8192;
+    EXPECT_TRUE(run_gpu(p, 1, &plain).guards);
+    ASSERT_EQ(persistent_mc.size(), 2u);
+    ASSERT_EQ(plain.size(), 1u);
+    EXPECT_TRUE(persistent_mc[0] == persistent_mc[1]) << "the persistent multicast launch differs between relaunches";
+    EXPECT_TRUE(persistent_mc[0] == plain[0]) << "persistent + multicast differs from one tile per CTA";
+  }});
   // On an sm_90 device with a 90a build the Hopper kernel is selected for a plain problem, and
   // forcing it on a problem it does not take (varlen) is an `unsupported` naming the reason.
   cases.push_back({"SM90_SELECTED(dt=f16,sq=256,sk=256,d=128)", [] {
