@@ -58,7 +58,8 @@ constexpr int kVariantDenseK128 = 4096;     // dense head dim 128 non-causal: 12
                                             // session 13: 128 x 176, FA3's tile for this case)
 constexpr int kVariantNoClusterKV = 8192;   // the dense 128 x 176 tile without its default K/V multicast
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
-// dim 128, and a LUT or head dim 64 (docs/attention_sm90.md: round 4, and the paired LUT since session 3).
+// dim 128, and a LUT, head dim 64 or the dense 176-key tile (docs/attention_sm90.md: round 4, the
+// paired LUT since session 3, the 176 tile since session 13).
 // SPARGE_SM90_VARIANT's bits; `unset` when the variable is not set (the fp8 kernels' defaults differ).
 int variant_bits(int unset = 0);
 
