@@ -27,16 +27,11 @@ __device__ __forceinline__ void barrier_init_fence() { ptx::fence_mbarrier_init(
 // so a thread whose phase is not complete yet is suspended by the hardware until it completes (or
 // the hint elapses) instead of spinning: without it the sm90 attention producer's spin on an "empty"
 // barrier was 9% of all warp instructions of the dense kernel (ncu, session 13), issue slots taken
-// from the consumer warps of its SM sub-partition. (SPARGE_MBARRIER_SPIN builds the old spin.)
+// from the consumer warps of its SM sub-partition (neutral in time, session 13).
 __device__ __forceinline__ void barrier_wait(std::uint64_t* bar, std::uint32_t parity) {
-#ifdef SPARGE_MBARRIER_SPIN
-  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
-  }
-#else
   constexpr std::uint32_t kSuspendHintNs = 0x989680;  // 10 ms: in practice until the phase completes
   while (!ptx::mbarrier_try_wait_parity(bar, parity, kSuspendHintNs)) {
   }
-#endif
 }
 
 __device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
