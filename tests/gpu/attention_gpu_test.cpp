@@ -5,7 +5,7 @@
 // sm_90 devices when the problem fits it, the portable kernel otherwise) and once more with
 // ",path=portable" appended, forced through SPARGE_ATTN_PATH (skipped on devices other than sm_90,
 // where the selected path already is the portable one). BENCH_ATTENTION prints TFLOPS of both paths
-// side by side when SPARGE_BENCH=1 (skipped otherwise).
+// side by side when SPARGE_BENCH=1 (skipped otherwise; SPARGE_BENCH=dense: the dense rows on sm90 only).
 //
 // Pass criterion (FlashAttention-3 style): with the CPU backend (fp64) as the oracle, the kernel's
 // max error must be at most 2x the max error of a plain fp32 reference of the same computation on
@@ -732,7 +732,10 @@ double median_ms(const std::function<Status()>& call) {
 void bench_attention() {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const char* on = std::getenv("SPARGE_BENCH");
-  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "set SPARGE_BENCH=1";
+  if (on == nullptr || (std::string(on) != "1" && std::string(on) != "dense")) {
+    GTEST_SKIP() << "set SPARGE_BENCH=1 (or =dense: the dense rows, sm90 path only)";
+  }
+  const bool dense_only = std::string(on) == "dense";
   const int B = 2, H = 32, S = 16384, D = 128;
   const size_t n = static_cast<size_t>(B) * S * H * D;
   std::vector<std::uint16_t> host(n);
@@ -751,7 +754,7 @@ void bench_attention() {
   auto run_paths = [&](const char* label, double flops, const std::function<Status()>& call) {
     std::array<double, 2> tf = {0, 0};
     const char* paths[2] = {"portable", "sm90"};
-    for (int i = 0; i < 2; ++i) {
+    for (int i = dense_only ? 1 : 0; i < 2; ++i) {
       const auto path = scoped_path(paths[i]);
       const double ms = median_ms(call);
       tf[i] = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0;
@@ -776,6 +779,7 @@ void bench_attention() {
     d.q = t64(dq.data()); d.k = t64(dk.data()); d.v = t64(dv.data()); d.o = t64(dout.data()); d.exec = ex;
     run_paths("dense d=64", dense_flops / 2, [&] { return dense_attention(d); });
   }
+  if (dense_only) return;
   {  // Skewed LUT (blkq = blkk = 128): 10% of the query blocks dense, the rest at density 0.05.
     // A balanced schedule takes the useful work's time at the dense rate; printed as a ratio.
     const int blk = 128, nq = S / blk, nk = S / blk;
@@ -986,6 +990,18 @@ SPARGE_CASES(AttentionGpuDense) {
         c.b = 5;
         add(cases, c);
       }
+  // The split tail of the 128 x 176 tile (bit 32768: every query tile's keys in 3 chunks, combined by
+  // LSE; with bit 32 one persistent CTA or cluster walks all chunks): chunks without keys (sk 3),
+  // rows without keys in some chunks (causal), partial tiles, bf16 and f16 outputs.
+  for (int v : {32768, 32768 | 32})
+    for (bool causal : {false, true})
+      for (auto& len : kLens) {
+        if (len[0] == 1) continue;
+        Cfg c;
+        c.dt = len[0] == 203 ? DType::bf16 : DType::f16; c.d = 128; c.causal = causal; c.sq = len[0]; c.sk = len[1];
+        c.lut = Lut::dense_api; c.hq = 4; c.hk = 2; c.o_f32 = len[0] != 203; c.variant = v;
+        add(cases, c);
+      }
 }
 
 // Launches c's problem `relaunches` times on the same inputs: every O and LSE bitwise equal to the
@@ -1036,6 +1052,31 @@ SPARGE_CASES(AttentionGpuProperties) {
     ASSERT_EQ(plain.size(), 1u);
     EXPECT_TRUE(persistent_mc[0] == persistent_mc[1]) << "the persistent multicast launch differs between relaunches";
     EXPECT_TRUE(persistent_mc[0] == plain[0]) << "persistent + multicast differs from one tile per CTA";
+  }});
+  // The split tail where the default launch makes it: 144 query tiles on an H200's 132 persistent CTAs
+  // (66 clusters) leave 12 for a last round, each cut into min(132 / 12, 24 / 4) = 6 key chunks. Against
+  // the same kernel without the split (bit 16384): the same keys in another summation order, so within
+  // a few fp16 units of O and 1e-5 of the LSE; and bitwise the same over relaunches.
+  cases.push_back({"DENSE_SPLIT_TAIL(dt=f16,b=1,hq=18,hk=6,sq=1024,sk=4096,d=128)", [] {
+    if (!have_gpu()) GTEST_SKIP() << "no GPU";
+    if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the split tail is the sm90 176 tile's)";
+    Cfg c;
+    c.dt = DType::f16; c.b = 1; c.hq = 18; c.hk = 6; c.sq = 1024; c.sk = 4096; c.d = 128; c.lut = Lut::dense_api;
+    c.o_f32 = false;
+    Problem p = make_problem(c);
+    std::vector<std::vector<std::uint32_t>> split_bits;
+    p.c.variant = 0;
+    const GpuOut split = run_gpu(p, 3, &split_bits);
+    p.c.variant = 16384;
+    const GpuOut whole = run_gpu(p);
+    EXPECT_TRUE(split.guards && whole.guards);
+    ASSERT_EQ(split_bits.size(), 3u);
+    EXPECT_TRUE(split_bits[0] == split_bits[1] && split_bits[0] == split_bits[2]) << "the split launch differs between relaunches";
+    const Error eo = compare(split.o.data(), whole.o.data(), whole.o.size());
+    const Error el = compare(split.lse.data(), whole.lse.data(), whole.lse.size());
+    EXPECT_EQ(eo.nonfinite_mismatch + el.nonfinite_mismatch, 0);
+    EXPECT_LE(eo.max_abs, 5e-4) << "O: split vs whole " << describe(eo);
+    EXPECT_LE(el.max_abs, 1e-5) << "LSE: split vs whole " << describe(el);
   }});
   // On an sm_90 device with a 90a build the Hopper kernel is selected for a plain problem, and
   // forcing it on a problem it does not take (varlen) is an `unsupported` naming the reason.

@@ -71,8 +71,8 @@ struct Sm90Variant {
 
 // Every instantiation in sm90/inst/ (its generate.sh writes the same set).
 // Plus the dense-only tiles of attn::sm90::dense_tile: 192 x 128 at head dim 64 (the default;
-// SPARGE_SM90_VARIANT bit 8 selects 128 x 128) and 128 x 176 at head dim 128 without causal masking
-// (the default; bit 4096 selects 128 x 128).
+// SPARGE_SM90_VARIANT bit 8 selects 128 x 128) and 128 x 176 at head dim 128 (the default, causal
+// too since session 14; bit 4096 selects 128 x 128).
 const Sm90Variant kSm90Variants[] = {SPARGE_SM90_VARIANTS_OF(DType::f16, __half),
                                      SPARGE_SM90_VARIANTS_OF(DType::bf16, __nv_bfloat16),
                                      SPARGE_SM90_VARIANT(DType::f16, __half, 64, 192, 128),
@@ -103,8 +103,8 @@ const Fp8Variant kFp8Variants[] = {SPARGE_FP8_VARIANT(DType::f16, __half, 64), S
 // summation order.
 constexpr int kDenseBlockQ = 128;
 constexpr int kDenseBlockK = 64;
-// The Hopper kernel's dense tile: attn::sm90::dense_tile (FA3's: 128 x 176 at head dim 128 without
-// causal masking, 128 x 128 with it, 192 x 128 at head dim 64; variant bits 4096 and 8 ask for 128 x 128).
+// The Hopper kernel's dense tile: attn::sm90::dense_tile (128 x 176 at head dim 128, FA3's tile without
+// causal masking, 192 x 128 at head dim 64; variant bits 4096 and 8 ask for 128 x 128).
 
 // What the selection function needs to know, shared by the sparse and the dense entry.
 struct Problem {
@@ -349,7 +349,7 @@ Problem sparse_problem(const BlockSparseAttentionParams& p) {
   return {"block_sparse_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, p.blkq, p.blkk, p.blkq, p.blkk};
 }
 Problem dense_problem(const DenseAttentionParams& p) {
-  const attn::sm90::DenseTile t = attn::sm90::dense_tile(static_cast<int>(p.q.shape[3]), p.is_causal);
+  const attn::sm90::DenseTile t = attn::sm90::dense_tile(static_cast<int>(p.q.shape[3]));
   return {"dense_attention", &p.q, &p.k, &p.v, &p.o, &p.maybe_lse, &p.varlen, kDenseBlockQ, kDenseBlockK, t.blkq, t.blkk};
 }
 

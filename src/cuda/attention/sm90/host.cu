@@ -62,13 +62,13 @@ int variant_bits(int unset) {
   if (e == nullptr) return unset;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 0);
-  return end != e && v >= 0 && v < 16384 ? static_cast<int>(v) : 0;
+  return end != e && v >= 0 && v < 65536 ? static_cast<int>(v) : 0;
 }
 
-DenseTile dense_tile(int head_dim, bool causal) {
+DenseTile dense_tile(int head_dim) {
   const int v = variant_bits();
   if (head_dim == 64 && (v & kVariantDenseQ128) == 0) return {192, 128};
-  if (head_dim == 128 && !causal && (v & kVariantDenseK128) == 0) return {128, 176};
+  if (head_dim == 128 && (v & kVariantDenseK128) == 0) return {128, 176};
   return {128, 128};
 }
 

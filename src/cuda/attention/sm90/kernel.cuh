@@ -52,8 +52,8 @@ struct Traits {
   static constexpr int kBlockQ = BLKQ_;
   static constexpr int kBlockK = BLKK_;              // keys of one LUT block
   static constexpr bool kPair = PAIR_;
-  // The dense-only tile (sm90::dense_tile: 176 keys at head dim 128, non-causal): never given a LUT
-  // or pv_threshold, so those paths are not compiled into it.
+  // The dense-only tile (sm90::dense_tile: 176 keys at head dim 128): never given a LUT or
+  // pv_threshold, so those paths are not compiled into it; only it has the split tail (work_at).
   static constexpr bool kDenseOnly = BLKK_ % 64 != 0;
   static_assert(!kDenseOnly || (!PAIR_ && !FP8_ && BLKK_ % 16 == 0), "dense-only tiles: whole 16-key PV k-steps");
   static constexpr int kTileK = PAIR_ ? 2 * BLKK_ : BLKK_;  // keys of one stage (the wgmma N of QK^T)
@@ -849,8 +849,33 @@ struct Consumer {
   // count; ring: the K/V stage position, shared with the producer's walk of the same tiles; seq:
   // this CTA's count of key tiles so far (the same in both consumer warpgroups: the tags of the
   // pv_threshold vote ring).
+  // The split tail's epilogue (dense-only tile): this warpgroup's rows of O / l in f32 and their LSE
+  // in log2 units into the work unit's slices of part_o / part_lse, every row of the tile (rows past
+  // sq too: the combine skips them). An empty row (l == 0) gets O = 0 and LSE = -inf, which the
+  // combine weighs 0.
+  __device__ __forceinline__ void store_part(int unit) const {
+    float* po = P.part_o + static_cast<std::int64_t>(unit) * Tr::kBlockQ * Tr::kHeadDim;
+    float* pl = P.part_lse + static_cast<std::int64_t>(unit) * Tr::kBlockQ;
+    const int c = 2 * (lane & 3);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l_row = quad_sum(l[r]);
+      const bool empty = !(l_row > 0.0f);
+      const float inv = empty ? 0.0f : 1.0f / l_row;
+      const int row = row_in_seq[r] - t.q0;
+      float* dst = po + row * Tr::kHeadDim + c;
+#pragma unroll
+      for (int j = 0; j < Tr::kDTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      }
+      if (c == 0) pl[row] = empty ? -INFINITY : m[r] + log2f(l_row);
+    }
+  }
+
+  // unit >= 0 (split tail): the tile's keys are one chunk (the walk's range), stored by store_part.
   template <int kVote>
-  __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq) {
+  __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq,
+                                      int unit = -1) {
     // The first tile and its K scales before the Q wait: their global loads overlap it.
     const KeyTile kt0 = next_uniform_tile(it);
     float ksc[2];
@@ -925,6 +950,12 @@ struct Consumer {
       release_kv(sm.v_empty(st_prev));
     }
 
+    if constexpr (Tr::kDenseOnly) {
+      if (unit >= 0) {
+        store_part(unit);
+        return;
+      }
+    }
     // Epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows).
     std::int64_t o_row[2];
 #pragma unroll
@@ -953,6 +984,33 @@ struct Consumer {
 __device__ __forceinline__ int tile_at(const Sm90Params& P, int slot) {
   return P.order != nullptr ? __ldg(P.order + slot) : slot;
 }
+// A slot's work: a query tile and which chunk of its keys (-1: all). Slots below split_from are whole
+// tiles. The split tail (dense-only tile, Sm90Params::split_n > 0): unit u = slot - split_from is chunk
+// (u % gn) / g of tail tile g (u / gn) + u % g, where g is the cluster size (2 with multicast: the two
+// CTAs of a cluster take the same chunk of neighbouring query blocks, so they still walk the same keys)
+// and gn = g * split_n. split_combine inverts this.
+struct Work {
+  int tile, chunk;
+};
+template <class Tr>
+__device__ __forceinline__ Work work_at(const Sm90Params& P, int slot) {
+  if constexpr (Tr::kDenseOnly) {
+    if (P.split_n > 0 && slot >= P.split_from) {
+      const int u = slot - P.split_from, g = P.multicast != 0 ? 2 : 1, gn = g * P.split_n;
+      return {P.split_from + g * (u / gn) + u % g, (u % gn) / g};
+    }
+  }
+  return {tile_at(P, slot), -1};
+}
+// Key blocks [first, end) of chunk `chunk` of n among a tile's `visible` ones (chunk -1: all of them).
+struct KeyRange {
+  int first, end;
+};
+__device__ __forceinline__ KeyRange key_range(int visible, int chunk, int n) {
+  if (chunk < 0) return {0, visible};
+  return {chunk * visible / n, (chunk + 1) * visible / n};
+}
+
 template <class Tr>
 __device__ __forceinline__ int visible_of(const KernelParams& p, const Tile& t) {
   const int rows = min(Tr::kBlockQ, t.sq - t.q0);
@@ -1005,14 +1063,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       std::uint32_t nt = 0;  // tiles of this CTA so far: the Q buffer and its phase
       const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
       for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
-        const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
+        const Work w = work_at<Tr>(P, slot);
+        const Tile t = make_tile(p, w.tile, Tr::kBlockQ);
         if (t.q0 >= t.sq) continue;
         if ((P.variant & kVariantEarlyNext) != 0 && slot + static_cast<int>(gridDim.x) < P.num_tiles) {
           // The next tile's Q into L2 now: its load (after this tile's last QK^T) then hits L2. So do
           // the loads its consumers start with, a chain of dependent global loads at every tile
           // start (LUT count -> LUT entries -> fp8 K scale; fp8 Q scales): the count, the LUT row's
           // first line and the Q scale rows.
-          const Tile tn = make_tile(p, tile_at(P, slot + static_cast<int>(gridDim.x)), Tr::kBlockQ);
+          const Tile tn = make_tile(p, work_at<Tr>(P, slot + static_cast<int>(gridDim.x)).tile, Tr::kBlockQ);
           if (tn.q0 < tn.sq) {
 #pragma unroll
             for (int s = 0; s < Tr::kSlabs; ++s) tma_prefetch_4d(&P.q_map, s * 64, tn.q0, tn.h, tn.b_dim0);
@@ -1031,7 +1090,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
           }
         }
         const QSlot qs = q_slot(nt, dbl);
-        producer<Tr>(P, sm, t, make_iter(p, t, visible_of<Tr>(p, t)), qs.phase, qs.buf, ring);
+        BlockIter it = make_iter(p, t, visible_of<Tr>(p, t));
+        if (w.chunk >= 0) {  // dense: the iterator walks blocks [pos, n)
+          const KeyRange kr = key_range(it.n, w.chunk, P.split_n);
+          it.pos = kr.first;
+          it.n = kr.end;
+        }
+        producer<Tr>(P, sm, t, it, qs.phase, qs.buf, ring);
         ++nt;
       }
       // Multicast: this CTA must not exit while the peer's consumers may still arrive on its "empty"
@@ -1058,12 +1123,20 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     std::uint32_t seq = 0;  // key tiles of this CTA so far: the vote ring's tags (30 bits, see vote_word)
     const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
     for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
-      const Tile t = make_tile(p, tile_at(P, slot), Tr::kBlockQ);
+      const Work w = work_at<Tr>(P, slot);
+      const Tile t = make_tile(p, w.tile, Tr::kBlockQ);
       if (t.q0 >= t.sq) continue;
       const QSlot qs = q_slot(nt, dbl);
       const std::uint32_t q_phase = qs.phase;
       Consumer<Tr> c(p, sm, t, cw, tid % 128, P, qs.buf);
-      const WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
+      WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
+      int unit = -1;
+      if (w.chunk >= 0) {  // dense: the walk hands out blocks [base, n)
+        const KeyRange kr = key_range(it.n, w.chunk, P.split_n);
+        it.base = kr.first;
+        it.n = kr.end;
+        unit = slot - P.split_from;
+      }
       // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
       // 192-row and 176-key tiles are dense only). Legacy mode (kVariantLegacyPv): unpaired kernels only (the
       // launcher does not pair with that bit and pv_threshold on).
@@ -1082,7 +1155,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
           c.template run<kVoteOff>(it, q_phase, ring, seq);
         }
       } else {
-        c.template run<kVoteOff>(it, q_phase, ring, seq);
+        c.template run<kVoteOff>(it, q_phase, ring, seq, unit);
       }
       ++nt;
     }
@@ -1096,6 +1169,83 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
 template <class T, int HD, int BLKQ, int BLKK>
 cudaError_t Kernel<T, HD, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
   return cudaFuncGetAttributes(attr, attention_kernel<Traits<T, HD, BLKQ, BLKK>>);
+}
+
+// The split tail's combine: one warp per row of the tail's query tiles (tail tiles from split_from),
+// merging the row's split_n chunks by their LSE in chunk order (deterministic): with L the largest
+// chunk LSE (log2) and w_j = 2^(lse_j - L), O = sum_j w_j O_j / sum_j w_j and LSE = L + log2(sum_j
+// w_j); chunks without keys for the row (lse -inf) weigh 0, a row without any gets O = 0, LSE = -inf
+// (store_rows' empty row). Lane i holds columns [i HD / 32, (i + 1) HD / 32).
+constexpr int kCombineWarps = 8;
+template <class Tr>
+__global__ void __launch_bounds__(32 * kCombineWarps) split_combine(const __grid_constant__ Sm90Params P, int tail) {
+  using T = typename Tr::T;
+  constexpr int kPer = Tr::kHeadDim / 32;
+  static_assert(kPer == 4, "the combine's loads are float4 (head dim 128)");
+  const KernelParams& p = P.p;
+  const int lane = threadIdx.x % 32;
+  const int row_id = blockIdx.x * kCombineWarps + static_cast<int>(threadIdx.x) / 32;
+  if (row_id >= tail * Tr::kBlockQ) return;
+  const int k = row_id / Tr::kBlockQ, r = row_id % Tr::kBlockQ;
+  const Tile t = make_tile(p, P.split_from + k, Tr::kBlockQ);
+  if (t.q0 + r >= t.sq) return;
+  const int g = P.multicast != 0 ? 2 : 1, n = P.split_n;
+  const int u0 = g * n * (k / g) + k % g;  // chunk j is unit u0 + g j (work_at)
+  float hi = -INFINITY;
+  for (int j = 0; j < n; ++j) hi = fmaxf(hi, __ldg(P.part_lse + static_cast<std::int64_t>(u0 + g * j) * Tr::kBlockQ + r));
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float wsum = 0.0f;
+  if (hi != -INFINITY) {
+    for (int j = 0; j < n; ++j) {
+      const std::int64_t u = u0 + g * j;
+      const float lj = __ldg(P.part_lse + u * Tr::kBlockQ + r);
+      if (lj == -INFINITY) continue;  // a chunk without keys for this row: weight 0, its O is not read
+      const float w = exp2f(lj - hi);
+      const float4 x =
+          __ldg(reinterpret_cast<const float4*>(P.part_o + (u * Tr::kBlockQ + r) * Tr::kHeadDim + lane * kPer));
+      acc.x = fmaf(w, x.x, acc.x);
+      acc.y = fmaf(w, x.y, acc.y);
+      acc.z = fmaf(w, x.z, acc.z);
+      acc.w = fmaf(w, x.w, acc.w);
+      wsum += w;
+    }
+  }
+  const bool empty = !(wsum > 0.0f);
+  const float inv = empty ? 0.0f : 1.0f / wsum;
+  const std::int64_t o_off = t.b_dim0 * p.o_stride[0] + static_cast<std::int64_t>(t.q_begin + t.q0 + r) * p.o_stride[1] +
+                             t.h * p.o_stride[2] + lane * kPer;
+  if (p.o_is_f32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p.o) + o_off) =
+        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  } else {
+    const uint2 packed = make_uint2(Elem<T>::pack(acc.x * inv, acc.y * inv), Elem<T>::pack(acc.z * inv, acc.w * inv));
+    *reinterpret_cast<uint2*>(static_cast<T*>(p.o) + o_off) = packed;
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[t.b * p.lse_stride[0] + t.h * p.lse_stride[1] + static_cast<std::int64_t>(t.q0 + r) * p.lse_stride[2]] =
+        empty ? -INFINITY : (hi + log2f(wsum)) * 0.69314718055994531f;
+  }
+}
+
+// The split tail of a persistent launch of the dense-only tile over `ctas` CTAs (docs/attention_sm90.md,
+// "Session 14"): the last round's R = num_tiles mod ctas query tiles would run alone while the other
+// CTAs idle (at b2 h32 s16384: 8 tiles of 8192 on 132 CTAs, ~1.5% of the kernel); instead each is cut
+// into n = min(ctas / R, blocks / 4) key chunks (chunks of >= 4 key tiles), so the last round is n
+// times shorter, and split_combine merges them. Returns the chunks per tile (0: no split); the test
+// hook (bit 32768) splits every tile in 3.
+template <class Tr>
+int split_chunks(const Sm90Params& q, int num_tiles, int ctas, int* split_from) {
+  if ((q.variant & kVariantSplitTest) != 0) {
+    *split_from = 0;
+    return 3;
+  }
+  if ((q.variant & kVariantNoSplit) != 0 || q.p.is_causal || ctas <= 0 || ctas >= num_tiles) return 0;
+  const int tail = num_tiles % ctas;
+  const int blocks = (q.p.seq_k + Tr::kBlockK - 1) / Tr::kBlockK;
+  const int n = tail == 0 ? 0 : (ctas / tail < blocks / 4 ? ctas / tail : blocks / 4);
+  if (n < 2) return 0;
+  *split_from = num_tiles - tail;
+  return n;
 }
 
 template <class Tr>
@@ -1147,6 +1297,28 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   const bool mc_wanted = Tr::kDenseOnly ? (p.variant & kVariantNoClusterKV) == 0 : (p.variant & kVariantClusterKV) != 0;
   const bool mc = mc_wanted && p.p.lut == nullptr && !p.p.is_causal && Tr::kMayMulticast && p.p.nq % 2 == 0 &&
                   num_tiles % 2 == 0;
+  // The split tail (dense-only tile): the chunks' partial results in one stream-ordered scratch.
+  const auto plan_split = [&](int ctas) {
+    if constexpr (Tr::kDenseOnly) {
+      int from = 0;
+      const int n = split_chunks<Tr>(q, num_tiles, ctas, &from);
+      if (n == 0) return;
+      const std::int64_t units = static_cast<std::int64_t>(num_tiles - from) * n;
+      const std::int64_t floats = units * Tr::kBlockQ * (Tr::kHeadDim + 1);
+      void* part = nullptr;
+      if (scratch_alloc(&part, sizeof(float) * floats, stream) != cudaSuccess) {
+        cudaGetLastError();
+        return;  // no scratch: the unsplit launch
+      }
+      q.split_from = from;
+      q.split_n = n;
+      q.part_o = static_cast<float*>(part);
+      q.part_lse = q.part_o + units * Tr::kBlockQ * Tr::kHeadDim;
+      q.num_tiles = static_cast<int>(from + units);
+    } else {
+      (void)ctas;
+    }
+  };
   if (mc) {
     q.multicast = 1;
     cudaLaunchConfig_t cfg{};
@@ -1169,15 +1341,28 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
       cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters));
     }
     cudaGetLastError();
+    plan_split(static_cast<int>(cfg.gridDim.x));
     if (cudaLaunchKernelEx(&cfg, kernel, q) != cudaSuccess) {
-      cudaGetLastError();  // clusters refused: the plain launch below
+      cudaGetLastError();  // clusters refused: the plain launch below (the same slots, one CTA each)
       q.multicast = 0;
       kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
     }
   } else {
+    plan_split(grid);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
   }
   err = cudaGetLastError();
+  if constexpr (Tr::kDenseOnly) {
+    if (q.split_n > 0) {
+      if (err == cudaSuccess) {
+        const int tail = num_tiles - q.split_from;
+        const int rows = tail * Tr::kBlockQ;
+        split_combine<Tr><<<(rows + kCombineWarps - 1) / kCombineWarps, 32 * kCombineWarps, 0, stream>>>(q, tail);
+        err = cudaGetLastError();
+      }
+      cudaFreeAsync(q.part_o, stream);
+    }
+  }
   if (order != nullptr) cudaFreeAsync(order, stream);
   return err;
 }

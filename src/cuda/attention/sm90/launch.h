@@ -21,7 +21,15 @@ struct Sm90Params {
   const std::int32_t* order = nullptr;
   int variant = 0;    // SPARGE_SM90_VARIANT bits (kVariant*), set by Kernel::launch
   int multicast = 0;  // 1: launched in clusters of 2 CTAs that load one K/V slab each for both (kVariantClusterKV)
-  int num_tiles = 0;  // query tiles (slots of `order`); CTA x computes slots x, x + grid, ...
+  int num_tiles = 0;  // slots: CTA x computes slots x, x + grid, ... (query tiles, then the split tail's chunks)
+  // The split tail (dense-only tile, persistent launches; docs/attention_sm90.md, "Session 14"): slots
+  // >= split_from are key chunks, split_n per query tile of the tail (tiles split_from ..), each written
+  // unnormalized-free as (O / l in f32, log2 LSE) to part_o [unit][BLKQ][HD] / part_lse [unit][BLKQ] and
+  // combined by LSE afterwards (split_tail.cuh). split_n == 0: no split.
+  int split_from = 0;
+  int split_n = 0;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
   // fp8 recipe (KernelFp8; docs/quantized.md): q_map / k_map / v_map describe the prepass's q8, k8
   // and v8t (cuda/quant/quant.h), and these are its dequantization scales. p.q / p.k / p.v stay the
   // caller's tensors (unused by the kernel).
@@ -57,6 +65,9 @@ constexpr int kVariantQDouble = 2048;       // persistent CTAs: two Q buffers (k
 constexpr int kVariantDenseK128 = 4096;     // dense head dim 128 non-causal: 128 x 128 tiles (default since
                                             // session 13: 128 x 176, FA3's tile for this case)
 constexpr int kVariantNoClusterKV = 8192;   // the dense 128 x 176 tile without its default K/V multicast
+constexpr int kVariantNoSplit = 16384;      // the dense 128 x 176 tile's persistent launch without the split tail
+constexpr int kVariantSplitTest = 32768;    // test hook: the 128 x 176 tile splits every query tile's keys in 3
+                                            // chunks (combined by LSE), whatever the launch shape
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT, head dim 64 or the dense 176-key tile (docs/attention_sm90.md: round 4, the
 // paired LUT since session 3, the 176 tile since session 13).
@@ -64,13 +75,14 @@ constexpr int kVariantNoClusterKV = 8192;   // the dense 128 x 176 tile without 
 int variant_bits(int unset = 0);
 
 // The dense tile of the Hopper kernel for this call (the variant bits above, read now): 128 x 176 at
-// head dim 128 without causal masking unless bit 4096 asks for 128 x 128 (a 176-key tile pays the
-// per-tile costs of the consumers' loop over 176 keys; its one partial tile per row is masked like
-// any tile crossing sk); 192 x 128 at head dim 64 unless bit 8 asks for 128 x 128; 128 x 128 otherwise.
+// head dim 128 unless bit 4096 asks for 128 x 128 (a 176-key tile pays the per-tile costs of the
+// consumers' loop over 176 keys; its one partial tile per row, and the tiles crossing the causal
+// diagonal, are masked like any tile crossing sk); 192 x 128 at head dim 64 unless bit 8 asks for
+// 128 x 128.
 struct DenseTile {
   int blkq, blkk;
 };
-DenseTile dense_tile(int head_dim, bool causal);
+DenseTile dense_tile(int head_dim);
 
 // Writes into order[0, num_tiles) the tiles (index as CTAs see them) sorted by the length of their
 // LUT row, longest first, stably within a power-of-two length class (neighbouring tiles of one
