@@ -864,6 +864,19 @@ SPARGE_CASES(AttentionGpuSparse) {
             c.lut = Lut::random; c.density = 0.6;
             add(cases, c);
           }
+  // The split tail on LUTs (bit 32768: every query tile's LUT entries in 3 chunks, combined by LSE;
+  // with bit 32 a few persistent CTAs walk all chunks): paired 64-key blocks split at odd entries,
+  // chunks with no visible entry, empty rows.
+  for (int v : {32768, 32768 | 32})
+    for (int d : kDims)
+      for (int blkk : {64, 128})
+        for (Lut m : {Lut::random, Lut::empty, Lut::full}) {
+          Cfg c;
+          c.dt = d == 64 ? DType::bf16 : DType::f16; c.d = d; c.blkq = 128; c.blkk = blkk; c.sq = 300; c.sk = 700;
+          c.lut = m; c.density = 0.3; c.causal = m == Lut::full; c.b = 2; c.hq = 4; c.hk = 2; c.o_f32 = d == 128;
+          c.variant = v;
+          add(cases, c);
+        }
   // Densities 0, one block, 0.1, 1.0 (full LUT).
   for (DType dt : kTypes)
     for (int d : kDims)
@@ -1054,30 +1067,38 @@ SPARGE_CASES(AttentionGpuProperties) {
     EXPECT_TRUE(persistent_mc[0] == plain[0]) << "persistent + multicast differs from one tile per CTA";
   }});
   // The split tail where the default launch makes it: 144 query tiles on an H200's 132 persistent CTAs
-  // (66 clusters) leave 12 for a last round, each cut into min(132 / 12, 24 / 4) = 6 key chunks. Against
-  // the same kernel without the split (bit 16384): the same keys in another summation order, so within
-  // a few fp16 units of O and 1e-5 of the LSE; and bitwise the same over relaunches.
-  cases.push_back({"DENSE_SPLIT_TAIL(dt=f16,b=1,hq=18,hk=6,sq=1024,sk=4096,d=128)", [] {
-    if (!have_gpu()) GTEST_SKIP() << "no GPU";
-    if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the split tail is the sm90 176 tile's)";
+  // (66 clusters for the dense 176 tile) leave 12 for a last round, each cut into chunks (dense: min(132 /
+  // 12, 24 / 4) = 6 of its 176-key tiles; LUT: min(11, NK / 4) = 8 or 11 of its entries). Against the
+  // same kernel without the split (bit 16384): the same keys in another summation order, so within a
+  // few fp16 units of O and 1e-5 of the LSE; and bitwise the same over relaunches.
+  for (int blkk : {0, 64, 128}) {
     Cfg c;
-    c.dt = DType::f16; c.b = 1; c.hq = 18; c.hk = 6; c.sq = 1024; c.sk = 4096; c.d = 128; c.lut = Lut::dense_api;
-    c.o_f32 = false;
-    Problem p = make_problem(c);
-    std::vector<std::vector<std::uint32_t>> split_bits;
-    p.c.variant = 0;
-    const GpuOut split = run_gpu(p, 3, &split_bits);
-    p.c.variant = 16384;
-    const GpuOut whole = run_gpu(p);
-    EXPECT_TRUE(split.guards && whole.guards);
-    ASSERT_EQ(split_bits.size(), 3u);
-    EXPECT_TRUE(split_bits[0] == split_bits[1] && split_bits[0] == split_bits[2]) << "the split launch differs between relaunches";
-    const Error eo = compare(split.o.data(), whole.o.data(), whole.o.size());
-    const Error el = compare(split.lse.data(), whole.lse.data(), whole.lse.size());
-    EXPECT_EQ(eo.nonfinite_mismatch + el.nonfinite_mismatch, 0);
-    EXPECT_LE(eo.max_abs, 5e-4) << "O: split vs whole " << describe(eo);
-    EXPECT_LE(el.max_abs, 1e-5) << "LSE: split vs whole " << describe(el);
-  }});
+    c.dt = DType::f16; c.b = 1; c.hq = 18; c.hk = 6; c.sq = 1024; c.sk = 4096; c.d = 128; c.o_f32 = false;
+    if (blkk == 0) {
+      c.lut = Lut::dense_api;
+    } else {
+      c.lut = Lut::random; c.blkq = 128; c.blkk = blkk; c.density = 0.5;
+    }
+    const std::string name = c.name();
+    cases.push_back({(c.lut == Lut::dense_api ? "DENSE_SPLIT_TAIL" : "BSA_SPLIT_TAIL") + name.substr(name.find('(')), [c] {
+      if (!have_gpu()) GTEST_SKIP() << "no GPU";
+      if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the split tail is the sm90 kernel's)";
+      Problem p = make_problem(c);
+      std::vector<std::vector<std::uint32_t>> split_bits;
+      p.c.variant = 0;
+      const GpuOut split = run_gpu(p, 3, &split_bits);
+      p.c.variant = 16384;
+      const GpuOut whole = run_gpu(p);
+      EXPECT_TRUE(split.guards && whole.guards);
+      ASSERT_EQ(split_bits.size(), 3u);
+      EXPECT_TRUE(split_bits[0] == split_bits[1] && split_bits[0] == split_bits[2]) << "the split launch differs between relaunches";
+      const Error eo = compare(split.o.data(), whole.o.data(), whole.o.size());
+      const Error el = compare(split.lse.data(), whole.lse.data(), whole.lse.size());
+      EXPECT_EQ(eo.nonfinite_mismatch + el.nonfinite_mismatch, 0);
+      EXPECT_LE(eo.max_abs, 5e-4) << "O: split vs whole " << describe(eo);
+      EXPECT_LE(el.max_abs, 1e-5) << "LSE: split vs whole " << describe(el);
+    }});
+  }
   // On an sm_90 device with a 90a build the Hopper kernel is selected for a plain problem, and
   // forcing it on a problem it does not take (varlen) is an `unsupported` naming the reason.
   cases.push_back({"SM90_SELECTED(dt=f16,sq=256,sk=256,d=128)", [] {

@@ -53,9 +53,12 @@ struct Traits {
   static constexpr int kBlockK = BLKK_;              // keys of one LUT block
   static constexpr bool kPair = PAIR_;
   // The dense-only tile (sm90::dense_tile: 176 keys at head dim 128): never given a LUT or
-  // pv_threshold, so those paths are not compiled into it; only it has the split tail (work_at).
+  // pv_threshold, so those paths are not compiled into it.
   static constexpr bool kDenseOnly = BLKK_ % 64 != 0;
   static_assert(!kDenseOnly || (!PAIR_ && !FP8_ && BLKK_ % 16 == 0), "dense-only tiles: whole 16-key PV k-steps");
+  // Kernels with the split tail (work_at; the launches that may be persistent, fp16 / bf16 only: the fp8
+  // epilogue's scales would have to follow the chunks into the combine).
+  static constexpr bool kSplit = !FP8_ && BLKQ_ >= 128;
   static constexpr int kTileK = PAIR_ ? 2 * BLKK_ : BLKK_;  // keys of one stage (the wgmma N of QK^T)
   static_assert(!PAIR_ || BLKK_ == 64, "pairing joins two 64-key LUT blocks into one 128-key tile");
   static constexpr int kConsumers = consumer_warpgroups(BLKQ_);
@@ -849,7 +852,7 @@ struct Consumer {
   // count; ring: the K/V stage position, shared with the producer's walk of the same tiles; seq:
   // this CTA's count of key tiles so far (the same in both consumer warpgroups: the tags of the
   // pv_threshold vote ring).
-  // The split tail's epilogue (dense-only tile): this warpgroup's rows of O / l in f32 and their LSE
+  // The split tail's epilogue (Traits::kSplit): this warpgroup's rows of O / l in f32 and their LSE
   // in log2 units into the work unit's slices of part_o / part_lse, every row of the tile (rows past
   // sq too: the combine skips them). An empty row (l == 0) gets O = 0 and LSE = -inf, which the
   // combine weighs 0.
@@ -872,7 +875,8 @@ struct Consumer {
     }
   }
 
-  // unit >= 0 (split tail): the tile's keys are one chunk (the walk's range), stored by store_part.
+  // unit >= 0 (split tail, no pv_threshold): the tile's keys are one chunk (the walk's range), stored by
+  // store_part.
   template <int kVote>
   __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq,
                                       int unit = -1) {
@@ -950,7 +954,7 @@ struct Consumer {
       release_kv(sm.v_empty(st_prev));
     }
 
-    if constexpr (Tr::kDenseOnly) {
+    if constexpr (Tr::kSplit) {
       if (unit >= 0) {
         store_part(unit);
         return;
@@ -985,30 +989,31 @@ __device__ __forceinline__ int tile_at(const Sm90Params& P, int slot) {
   return P.order != nullptr ? __ldg(P.order + slot) : slot;
 }
 // A slot's work: a query tile and which chunk of its keys (-1: all). Slots below split_from are whole
-// tiles. The split tail (dense-only tile, Sm90Params::split_n > 0): unit u = slot - split_from is chunk
-// (u % gn) / g of tail tile g (u / gn) + u % g, where g is the cluster size (2 with multicast: the two
-// CTAs of a cluster take the same chunk of neighbouring query blocks, so they still walk the same keys)
-// and gn = g * split_n. split_combine inverts this.
+// tiles. The split tail (Traits::kSplit, Sm90Params::split_n > 0): unit u = slot - split_from is chunk
+// (u % gn) / g of the tile at slot split_from + g (u / gn) + u % g, where g is the cluster size (2 with
+// multicast: the two CTAs of a cluster take the same chunk of neighbouring query blocks, so they still
+// walk the same keys) and gn = g * split_n. split_combine inverts this.
 struct Work {
   int tile, chunk;
 };
 template <class Tr>
 __device__ __forceinline__ Work work_at(const Sm90Params& P, int slot) {
-  if constexpr (Tr::kDenseOnly) {
+  if constexpr (Tr::kSplit) {
     if (P.split_n > 0 && slot >= P.split_from) {
       const int u = slot - P.split_from, g = P.multicast != 0 ? 2 : 1, gn = g * P.split_n;
-      return {P.split_from + g * (u / gn) + u % g, (u % gn) / g};
+      return {tile_at(P, P.split_from + g * (u / gn) + u % g), (u % gn) / g};
     }
   }
   return {tile_at(P, slot), -1};
 }
-// Key blocks [first, end) of chunk `chunk` of n among a tile's `visible` ones (chunk -1: all of them).
+// Positions [first, end) of chunk `chunk` of n among a tile's `count` (visible dense blocks or LUT row
+// entries; chunk -1: all of them).
 struct KeyRange {
   int first, end;
 };
-__device__ __forceinline__ KeyRange key_range(int visible, int chunk, int n) {
-  if (chunk < 0) return {0, visible};
-  return {chunk * visible / n, (chunk + 1) * visible / n};
+__device__ __forceinline__ KeyRange key_range(int count, int chunk, int n) {
+  if (chunk < 0) return {0, count};
+  return {chunk * count / n, (chunk + 1) * count / n};
 }
 
 template <class Tr>
@@ -1091,10 +1096,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
         }
         const QSlot qs = q_slot(nt, dbl);
         BlockIter it = make_iter(p, t, visible_of<Tr>(p, t));
-        if (w.chunk >= 0) {  // dense: the iterator walks blocks [pos, n)
+        if (w.chunk >= 0) {  // the iterator walks positions [pos, n) of the LUT row or the dense blocks
           const KeyRange kr = key_range(it.n, w.chunk, P.split_n);
           it.pos = kr.first;
           it.n = kr.end;
+          if (it.row != nullptr) it.lookahead = it.pos < it.n ? __ldg(it.row + it.pos * it.stride) : -1;
         }
         producer<Tr>(P, sm, t, it, qs.phase, qs.buf, ring);
         ++nt;
@@ -1131,10 +1137,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       Consumer<Tr> c(p, sm, t, cw, tid % 128, P, qs.buf);
       WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
       int unit = -1;
-      if (w.chunk >= 0) {  // dense: the walk hands out blocks [base, n)
+      if (w.chunk >= 0) {  // the walk hands out positions [base, n) of the LUT row or the dense blocks
         const KeyRange kr = key_range(it.n, w.chunk, P.split_n);
         it.base = kr.first;
         it.n = kr.end;
+        if (it.row != nullptr) {
+          it.mine = it.load(it.base + it.lane);
+          it.fill();
+        }
         unit = slot - P.split_from;
       }
       // pv_threshold only exists for LUTs (BLKQ 64 / 128: one or two consumer warpgroups; the
@@ -1152,7 +1162,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
             c.template run<kVoteWarp>(it, q_phase, ring, seq);
           }
         } else {
-          c.template run<kVoteOff>(it, q_phase, ring, seq);
+          c.template run<kVoteOff>(it, q_phase, ring, seq, unit);
         }
       } else {
         c.template run<kVoteOff>(it, q_phase, ring, seq, unit);
@@ -1181,19 +1191,19 @@ template <class Tr>
 __global__ void __launch_bounds__(32 * kCombineWarps) split_combine(const __grid_constant__ Sm90Params P, int tail) {
   using T = typename Tr::T;
   constexpr int kPer = Tr::kHeadDim / 32;
-  static_assert(kPer == 4, "the combine's loads are float4 (head dim 128)");
+  static_assert(kPer == 2 || kPer == 4, "head dim 64 or 128");
   const KernelParams& p = P.p;
   const int lane = threadIdx.x % 32;
   const int row_id = blockIdx.x * kCombineWarps + static_cast<int>(threadIdx.x) / 32;
   if (row_id >= tail * Tr::kBlockQ) return;
   const int k = row_id / Tr::kBlockQ, r = row_id % Tr::kBlockQ;
-  const Tile t = make_tile(p, P.split_from + k, Tr::kBlockQ);
+  const Tile t = make_tile(p, tile_at(P, P.split_from + k), Tr::kBlockQ);
   if (t.q0 + r >= t.sq) return;
   const int g = P.multicast != 0 ? 2 : 1, n = P.split_n;
   const int u0 = g * n * (k / g) + k % g;  // chunk j is unit u0 + g j (work_at)
   float hi = -INFINITY;
   for (int j = 0; j < n; ++j) hi = fmaxf(hi, __ldg(P.part_lse + static_cast<std::int64_t>(u0 + g * j) * Tr::kBlockQ + r));
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float acc[kPer] = {};
   float wsum = 0.0f;
   if (hi != -INFINITY) {
     for (int j = 0; j < n; ++j) {
@@ -1201,12 +1211,17 @@ __global__ void __launch_bounds__(32 * kCombineWarps) split_combine(const __grid
       const float lj = __ldg(P.part_lse + u * Tr::kBlockQ + r);
       if (lj == -INFINITY) continue;  // a chunk without keys for this row: weight 0, its O is not read
       const float w = exp2f(lj - hi);
-      const float4 x =
-          __ldg(reinterpret_cast<const float4*>(P.part_o + (u * Tr::kBlockQ + r) * Tr::kHeadDim + lane * kPer));
-      acc.x = fmaf(w, x.x, acc.x);
-      acc.y = fmaf(w, x.y, acc.y);
-      acc.z = fmaf(w, x.z, acc.z);
-      acc.w = fmaf(w, x.w, acc.w);
+      const float* src = P.part_o + (u * Tr::kBlockQ + r) * Tr::kHeadDim + lane * kPer;
+      float x[kPer];
+      if constexpr (kPer == 4) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(src));
+        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+      } else {
+        const float2 v = __ldg(reinterpret_cast<const float2*>(src));
+        x[0] = v.x, x[1] = v.y;
+      }
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) acc[e] = fmaf(w, x[e], acc[e]);
       wsum += w;
     }
   }
@@ -1214,12 +1229,13 @@ __global__ void __launch_bounds__(32 * kCombineWarps) split_combine(const __grid
   const float inv = empty ? 0.0f : 1.0f / wsum;
   const std::int64_t o_off = t.b_dim0 * p.o_stride[0] + static_cast<std::int64_t>(t.q_begin + t.q0 + r) * p.o_stride[1] +
                              t.h * p.o_stride[2] + lane * kPer;
-  if (p.o_is_f32) {
-    *reinterpret_cast<float4*>(static_cast<float*>(p.o) + o_off) =
-        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  } else {
-    const uint2 packed = make_uint2(Elem<T>::pack(acc.x * inv, acc.y * inv), Elem<T>::pack(acc.z * inv, acc.w * inv));
-    *reinterpret_cast<uint2*>(static_cast<T*>(p.o) + o_off) = packed;
+#pragma unroll
+  for (int e = 0; e < kPer; e += 2) {
+    if (p.o_is_f32) {
+      *reinterpret_cast<float2*>(static_cast<float*>(p.o) + o_off + e) = make_float2(acc[e] * inv, acc[e + 1] * inv);
+    } else {
+      *reinterpret_cast<std::uint32_t*>(static_cast<T*>(p.o) + o_off + e) = Elem<T>::pack(acc[e] * inv, acc[e + 1] * inv);
+    }
   }
   if (p.lse != nullptr && lane == 0) {
     p.lse[t.b * p.lse_stride[0] + t.h * p.lse_stride[1] + static_cast<std::int64_t>(t.q0 + r) * p.lse_stride[2]] =
@@ -1227,22 +1243,26 @@ __global__ void __launch_bounds__(32 * kCombineWarps) split_combine(const __grid
   }
 }
 
-// The split tail of a persistent launch of the dense-only tile over `ctas` CTAs (docs/attention_sm90.md,
-// "Session 14"): the last round's R = num_tiles mod ctas query tiles would run alone while the other
-// CTAs idle (at b2 h32 s16384: 8 tiles of 8192 on 132 CTAs, ~1.5% of the kernel); instead each is cut
-// into n = min(ctas / R, blocks / 4) key chunks (chunks of >= 4 key tiles), so the last round is n
-// times shorter, and split_combine merges them. Returns the chunks per tile (0: no split); the test
-// hook (bit 32768) splits every tile in 3.
+// The split tail of a persistent launch over `ctas` CTAs (docs/attention_sm90.md, "Session 14"): the
+// last round's R = num_tiles mod ctas query tiles would run alone while the other CTAs idle (at b2 h32
+// s16384: 8 of 8192 tiles on 132 CTAs, ~1.5% of the kernel when the rows are equally long); instead
+// each is cut into n = min(ctas / R, max(2, blocks / 4)) chunks of its key blocks (dense) or LUT
+// entries (blocks: the row's blocks, or the LUT's capacity), so the last round is about n times
+// shorter, and split_combine merges them. Not with pv_threshold (its decisions are defined against
+// the running max of the whole row) nor causal masking (not persistent). Returns the chunks per tile
+// (0: no split); the test hook (bit 32768) splits every tile in 3.
 template <class Tr>
 int split_chunks(const Sm90Params& q, int num_tiles, int ctas, int* split_from) {
+  if (q.p.use_pv_threshold) return 0;
   if ((q.variant & kVariantSplitTest) != 0) {
     *split_from = 0;
     return 3;
   }
   if ((q.variant & kVariantNoSplit) != 0 || q.p.is_causal || ctas <= 0 || ctas >= num_tiles) return 0;
   const int tail = num_tiles % ctas;
-  const int blocks = (q.p.seq_k + Tr::kBlockK - 1) / Tr::kBlockK;
-  const int n = tail == 0 ? 0 : (ctas / tail < blocks / 4 ? ctas / tail : blocks / 4);
+  const int blocks = q.p.lut != nullptr ? q.p.nk_lut : (q.p.seq_k + Tr::kBlockK - 1) / Tr::kBlockK;
+  const int most = blocks / 4 > 2 ? blocks / 4 : 2;
+  const int n = tail == 0 ? 0 : (ctas / tail < most ? ctas / tail : most);
   if (n < 2) return 0;
   *split_from = num_tiles - tail;
   return n;
@@ -1297,9 +1317,9 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   const bool mc_wanted = Tr::kDenseOnly ? (p.variant & kVariantNoClusterKV) == 0 : (p.variant & kVariantClusterKV) != 0;
   const bool mc = mc_wanted && p.p.lut == nullptr && !p.p.is_causal && Tr::kMayMulticast && p.p.nq % 2 == 0 &&
                   num_tiles % 2 == 0;
-  // The split tail (dense-only tile): the chunks' partial results in one stream-ordered scratch.
+  // The split tail (Traits::kSplit): the chunks' partial results in one stream-ordered scratch.
   const auto plan_split = [&](int ctas) {
-    if constexpr (Tr::kDenseOnly) {
+    if constexpr (Tr::kSplit) {
       int from = 0;
       const int n = split_chunks<Tr>(q, num_tiles, ctas, &from);
       if (n == 0) return;
@@ -1352,7 +1372,7 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
   }
   err = cudaGetLastError();
-  if constexpr (Tr::kDenseOnly) {
+  if constexpr (Tr::kSplit) {
     if (q.split_n > 0) {
       if (err == cudaSuccess) {
         const int tail = num_tiles - q.split_from;

@@ -22,10 +22,11 @@ struct Sm90Params {
   int variant = 0;    // SPARGE_SM90_VARIANT bits (kVariant*), set by Kernel::launch
   int multicast = 0;  // 1: launched in clusters of 2 CTAs that load one K/V slab each for both (kVariantClusterKV)
   int num_tiles = 0;  // slots: CTA x computes slots x, x + grid, ... (query tiles, then the split tail's chunks)
-  // The split tail (dense-only tile, persistent launches; docs/attention_sm90.md, "Session 14"): slots
-  // >= split_from are key chunks, split_n per query tile of the tail (tiles split_from ..), each written
-  // unnormalized-free as (O / l in f32, log2 LSE) to part_o [unit][BLKQ][HD] / part_lse [unit][BLKQ] and
-  // combined by LSE afterwards (split_tail.cuh). split_n == 0: no split.
+  // The split tail (kernels with Traits::kSplit, persistent launches; docs/attention_sm90.md, "Session
+  // 14"): slots >= split_from are chunks of the key blocks (dense) or LUT entries of the last round's
+  // query tiles, split_n per tile, each written as (O / l in f32, its LSE in log2 units) to part_o
+  // [unit][BLKQ][HD] / part_lse [unit][BLKQ] and combined by LSE afterwards (split_combine).
+  // split_n == 0: no split.
   int split_from = 0;
   int split_n = 0;
   float* part_o = nullptr;
@@ -65,9 +66,9 @@ constexpr int kVariantQDouble = 2048;       // persistent CTAs: two Q buffers (k
 constexpr int kVariantDenseK128 = 4096;     // dense head dim 128 non-causal: 128 x 128 tiles (default since
                                             // session 13: 128 x 176, FA3's tile for this case)
 constexpr int kVariantNoClusterKV = 8192;   // the dense 128 x 176 tile without its default K/V multicast
-constexpr int kVariantNoSplit = 16384;      // the dense 128 x 176 tile's persistent launch without the split tail
-constexpr int kVariantSplitTest = 32768;    // test hook: the 128 x 176 tile splits every query tile's keys in 3
-                                            // chunks (combined by LSE), whatever the launch shape
+constexpr int kVariantNoSplit = 16384;      // persistent launches without the split tail (session 14)
+constexpr int kVariantSplitTest = 32768;    // test hook: every query tile's key blocks or LUT entries in 3 chunks
+                                            // (combined by LSE), whatever the launch shape (not with pv_threshold)
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT, head dim 64 or the dense 176-key tile (docs/attention_sm90.md: round 4, the
 // paired LUT since session 3, the 176 tile since session 13).
