@@ -21,6 +21,28 @@ cudaError_t scratch_pool(cudaMemPool_t& out);
 // Every per-call allocation of the CUDA backend comes from here.
 cudaError_t scratch_alloc(void** ptr, std::size_t bytes, cudaStream_t stream);
 
+// Stream-ordered scratch from scratch_alloc that frees itself (cudaFreeAsync on the same stream) when it
+// goes out of scope, i.e. after the work the owner enqueued on that stream.
+class ScopedScratch {
+ public:
+  explicit ScopedScratch(cudaStream_t stream) : stream_(stream) {}
+  ~ScopedScratch() {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  }
+  ScopedScratch(const ScopedScratch&) = delete;
+  ScopedScratch& operator=(const ScopedScratch&) = delete;
+  // At least one byte, so that a zero-sized request still yields a valid pointer. Once per object.
+  cudaError_t alloc(std::size_t bytes) { return scratch_alloc(&ptr_, bytes == 0 ? 1 : bytes, stream_); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
 // A non-blocking helper stream and an event of the current device, one pair per host thread,
 // created on first use and kept for the thread's life (like the pools above, they do not survive a
 // cudaDeviceReset). For small read-backs that must not wait for work enqueued after them on the

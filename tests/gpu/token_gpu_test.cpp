@@ -612,11 +612,14 @@ GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_
   const auto& idx = idx_override ? *idx_override : g.idx;
   const auto& cnt = cnt_override ? *cnt_override : g.counts;
   GOut out;
-  GatherAttentionParams p;
-  p.is_causal = c.causal;
-  p.group_union = group_union;
-  p.union_rows = union_rows;
-  p.check_lists = check_lists;
+  // The call's flags, the same for both backends.
+  const auto flagged = [&](GatherAttentionParams q) {
+    q.is_causal = c.causal;
+    q.group_union = group_union;
+    q.union_rows = union_rows;
+    q.check_lists = check_lists;
+    return q;
+  };
   const DType odt = c.o_f32 ? DType::f32 : c.t;
   const std::int64_t lrows = c.b * c.hq * c.sq;
   auto decode_o = [&](const std::vector<unsigned char>& raw) {
@@ -628,6 +631,7 @@ GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_
     const auto qb = to_bytes(g.q, c.t), kb = to_bytes(g.k, c.t), vb = to_bytes(g.v, c.t);
     Guarded<unsigned char> o(g.q.size() * dtype_size(odt));
     Guarded<float> lse(static_cast<size_t>(lrows));
+    GatherAttentionParams p;
     p.q = make_tensor(const_cast<unsigned char*>(qb.data()), c.t, {c.b, c.sq, c.hq, c.d});
     p.k = make_tensor(const_cast<unsigned char*>(kb.data()), c.t, {c.b, c.sk, c.hk, c.d});
     p.v = make_tensor(const_cast<unsigned char*>(vb.data()), c.t, {c.b, c.sk, c.hk, c.d});
@@ -636,7 +640,7 @@ GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_
     p.indices = make_tensor(const_cast<std::int32_t*>(idx.data()), DType::i32, {c.b, lh, c.sq, c.n_max});
     p.counts = make_tensor(const_cast<std::int32_t*>(cnt.data()), DType::i32, {c.b, lh, c.sq});
     p.exec = cpu_exec();
-    out.st = gather_attention(p);
+    out.st = gather_attention(flagged(p));
     out.o = decode_o(std::vector<unsigned char>(o.data(), o.data() + o.size()));
     out.lse.assign(lse.data(), lse.data() + lse.size());
     return out;
@@ -656,11 +660,7 @@ GOut run_gather(const GProblem& g, Backend backend, bool group_union, int union_
     o.upload(pz);
   }
   lse.poison();
-  dg.p.is_causal = p.is_causal;
-  dg.p.group_union = p.group_union;
-  dg.p.union_rows = p.union_rows;
-  dg.p.check_lists = p.check_lists;
-  out.st = gather_attention(dg.p);
+  out.st = gather_attention(flagged(dg.p));
   out.o = decode_o(o.download());
   out.lse = lse.download();
   EXPECT_TRUE(o.guards_intact() && lse.guards_intact()) << "output guard overwritten";
@@ -794,6 +794,31 @@ struct PerfProblem {
 };
 
 }  // namespace gather_kv
+
+// One timed configuration of a perf problem: the median, min and max of 13 calls, the host time in
+// the call, back-to-back calls, then (profile) one call with the [gather profile] line, and the
+// output's max difference to ref (ref is set by the first call of a table).
+struct RowTiming {
+  double med = 0, min = 0, max = 0, host = 0, b2b = 0, diff = 0;
+  std::vector<unsigned char> out;
+};
+void measure_row(gather_kv::PerfProblem& pp, bool profile, std::vector<unsigned char>& ref, RowTiming* r) {
+  std::vector<float> ms, host;
+  ASSERT_NO_FATAL_FAILURE(time_gather(pp.p, 13, &ms, &host));
+  r->med = ms[ms.size() / 2];
+  r->min = ms.front();
+  r->max = ms.back();
+  r->host = host[host.size() / 2];
+  r->b2b = time_gather_back_to_back(pp.p, 20);
+  if (profile) {
+    ScopedEnv e("SPARGE_GATHER_PROFILE", "1");
+    ASSERT_TRUE(gather_attention(pp.p).ok());
+  }
+  SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
+  r->out = pp.o.download();
+  if (ref.empty()) ref = r->out;
+  r->diff = max_abs_diff16(r->out, ref, pp.c.t);
+}
 
 // ---- one case runner for both list layouts ------------------------------------------------------
 // gather_attention takes one list per query head ([b, hq, sq, n_max], make_gather's own lists) or
@@ -1704,9 +1729,7 @@ SPARGE_CASES(GatherGpuKv) {
   cases.push_back({"GATHER_GPU_KV_PERF(b=1,hq=32,hk=8,sq=1024,sk=16384,d=128,keys=2048,union_rows=64,swap=0)", [] {
                      if (!have_gpu()) GTEST_SKIP() << "no GPU";
                      gather_kv::PerfProblem pp;
-                     const GCase& c = pp.c;
                      GatherAttentionParams& p = pp.p;
-                     DeviceGuarded<unsigned char>& o = pp.o;
                      const double flops = pp.flops;
                      // Union overlap per 64-position group: union / sum of the distinct lists.
                      const double overlap = gather_kv::union_overlap(pp.kv);
@@ -1739,27 +1762,17 @@ SPARGE_CASES(GatherGpuKv) {
                        ScopedEnv e4("SPARGE_GATHER_UNION_VARIANT", v.union_variant);
                        ScopedEnv e5("SPARGE_GATHER_WS_PAIR", v.ws_pair);
                        ScopedEnv e6("SPARGE_GATHER_PDL", v.pdl);
-                       std::vector<float> ms, host;
-                       ASSERT_NO_FATAL_FAILURE(time_gather(p, 13, &ms, &host));
-                       const double med = ms[ms.size() / 2];
-                       const double b2b = time_gather_back_to_back(p, 20);
-                       if (v.overlap == nullptr && !v.trusted) {
-                         ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
-                         ASSERT_TRUE(gather_attention(p).ok());
-                       }
-                       SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-                       const std::vector<unsigned char> out = o.download();
-                       if (ref.empty()) ref = out;
-                       const double diff = max_abs_diff16(out, ref, c.t);
+                       RowTiming t;
+                       ASSERT_NO_FATAL_FAILURE(measure_row(pp, v.overlap == nullptr && !v.trusted, ref, &t));
                        std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s%s%s%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
                                    "%.1f TFLOPS on attended keys; host %.3f ms in the call; back-to-back %.3f ms per call (%.1f TFLOPS); union overlap (union / sum of distinct lists per group) = %.4f; "
                                    "max |O - O(first)| = %.2e\n",
                                    kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.ws_pair ? " paired" : "", v.pdl ? " pdl" : "",
                                    v.trusted ? " check_lists=0" : "", v.overlap ? v.overlap : "off",
-                                   v.union_variant ? v.union_variant : "5", med,
-                                   ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, host[host.size() / 2], b2b, flops / (b2b * 1e-3) / 1e12, overlap, diff);
-                       EXPECT_LE(diff, 2e-2);
-                       if (v.trusted) EXPECT_TRUE(out == ref) << "check_lists = false: not bitwise the first row";
+                                   v.union_variant ? v.union_variant : "5", t.med,
+                                   t.min, t.max, flops / (t.med * 1e-3) / 1e12, t.host, t.b2b, flops / (t.b2b * 1e-3) / 1e12, overlap, t.diff);
+                       EXPECT_LE(t.diff, 2e-2);
+                       if (v.trusted) EXPECT_TRUE(t.out == ref) << "check_lists = false: not bitwise the first row";
                      }
                      p.check_lists = true;
                    }});
@@ -1779,23 +1792,13 @@ void perf_rows(std::int64_t d, std::int64_t hk, const char* label, std::initiali
   for (const auto& r : rows) {
     ScopedEnv e1("SPARGE_GATHER_PATH", r.first);
     ScopedEnv e2("SPARGE_GATHER_WS_PAIR", r.second);
-    std::vector<float> ms, host;
-    ASSERT_NO_FATAL_FAILURE(time_gather(pp.p, 13, &ms, &host));
-    const double med = ms[ms.size() / 2];
-    const double b2b = time_gather_back_to_back(pp.p, 20);
-    {
-      ScopedEnv e3("SPARGE_GATHER_PROFILE", "1");
-      ASSERT_TRUE(gather_attention(pp.p).ok());
-    }
-    SPARGE_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<unsigned char> out = pp.o.download();
-    if (ref.empty()) ref = out;
-    const double diff = max_abs_diff16(out, ref, pp.c.t);
+    RowTiming t;
+    ASSERT_NO_FATAL_FAILURE(measure_row(pp, true, ref, &t));
     std::printf("[perf] gather %s keys=2048 group_union=1 path=%s%s: median %.3f ms (min %.3f max %.3f), %.1f TFLOPS "
                 "on attended keys; back-to-back %.3f ms per call (%.1f TFLOPS); max |O - O(first)| = %.2e\n",
-                label, r.first ? r.first : "default", r.second ? " paired" : "", med, ms.front(), ms.back(), pp.flops / (med * 1e-3) / 1e12, b2b,
-                pp.flops / (b2b * 1e-3) / 1e12, diff);
-    EXPECT_LE(diff, 2e-2);
+                label, r.first ? r.first : "default", r.second ? " paired" : "", t.med, t.min, t.max, pp.flops / (t.med * 1e-3) / 1e12,
+                t.b2b, pp.flops / (t.b2b * 1e-3) / 1e12, t.diff);
+    EXPECT_LE(t.diff, 2e-2);
   }
 }
 

@@ -367,19 +367,6 @@ GatherPlan select_gather(const GatherAttentionParams& p) {
   return plan;
 }
 
-template <class T>
-struct StreamBuffer {
-  T* ptr = nullptr;
-  cudaStream_t stream;
-  explicit StreamBuffer(cudaStream_t s) : stream(s) {}
-  ~StreamBuffer() {
-    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
-  }
-  cudaError_t alloc(std::int64_t n) {
-    return scratch_alloc(reinterpret_cast<void**>(&ptr), static_cast<size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T), stream);
-  }
-};
-
 // The error of list `row` (linear (b * L + h) * Sq + i, L = indices.shape[1]), found the way the
 // CPU backend finds it. (With kv-head lists the lowest failing list is the list of the lowest
 // failing query row, the one the CPU backend reports.)
@@ -563,11 +550,11 @@ Status gather_attention(const GatherAttentionParams& p) {
   const std::int64_t mask_words = slots * wave * sc.words_cap * geo.rows;
   const std::int64_t key_ints = slots * wave * sc.ucap;
   const std::int64_t keys_at = (8 * mask_words + 15) / 16 * 16;
-  StreamBuffer<unsigned char> scratch(stream);
-  cudaError_t e = scratch.alloc(keys_at + 4 * key_ints + 4 * slots * wave);
+  ScopedScratch scratch(stream);
+  cudaError_t e = scratch.alloc(static_cast<std::size_t>(keys_at + 4 * key_ints + 4 * slots * wave));
   if (e != cudaSuccess) return cuda_fail("scratch allocation failed", e);
-  sc.masks = reinterpret_cast<unsigned long long*>(scratch.ptr);
-  sc.union_keys = reinterpret_cast<std::int32_t*>(scratch.ptr + keys_at);
+  sc.masks = scratch.as<unsigned long long>();
+  sc.union_keys = reinterpret_cast<std::int32_t*>(scratch.as<unsigned char>() + keys_at);
   sc.union_size = sc.union_keys + key_ints;
   flags::DeviceFlags<gather::kNumFlags> fl(stream);
   e = fl.init();

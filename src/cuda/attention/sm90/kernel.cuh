@@ -1279,16 +1279,14 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   // scratch (allocation failure) the tiles run in index order.
   Sm90Params q = p;
   q.num_tiles = num_tiles;
-  std::int32_t* order = nullptr;
+  ScopedScratch order(stream);
   int dev = 0, sms = 0;
   const bool have_sms = cudaGetDevice(&dev) == cudaSuccess &&
                         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0;
-  if (p.p.lut != nullptr && have_sms && num_tiles > sms * Tr::kMinBlocks) {
-    if (scratch_alloc(reinterpret_cast<void**>(&order), sizeof(std::int32_t) * num_tiles, stream) == cudaSuccess) {
-      if (order_tiles_by_count(p.p, num_tiles, order, stream) == cudaSuccess) q.order = order;
-    } else {
-      order = nullptr;
-    }
+  if (p.p.lut != nullptr && have_sms && num_tiles > sms * Tr::kMinBlocks &&
+      order.alloc(sizeof(std::int32_t) * num_tiles) == cudaSuccess &&
+      order_tiles_by_count(p.p, num_tiles, order.as<std::int32_t>(), stream) == cudaSuccess) {
+    q.order = order.as<std::int32_t>();
   }
   cudaGetLastError();  // a failed optional step above must not be reported as the launch's error
   // Persistent: one CTA per slot the GPU holds at once, each walking tiles x, x + grid, ... (the
@@ -1318,6 +1316,7 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   const bool mc = mc_wanted && p.p.lut == nullptr && !p.p.is_causal && Tr::kMayMulticast && p.p.nq % 2 == 0 &&
                   num_tiles % 2 == 0;
   // The split tail (Traits::kSplit): the chunks' partial results in one stream-ordered scratch.
+  ScopedScratch part(stream);
   const auto plan_split = [&](int ctas) {
     if constexpr (Tr::kSplit) {
       int from = 0;
@@ -1325,14 +1324,13 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
       if (n == 0) return;
       const std::int64_t units = static_cast<std::int64_t>(num_tiles - from) * n;
       const std::int64_t floats = units * Tr::kBlockQ * (Tr::kHeadDim + 1);
-      void* part = nullptr;
-      if (scratch_alloc(&part, sizeof(float) * floats, stream) != cudaSuccess) {
+      if (part.alloc(sizeof(float) * floats) != cudaSuccess) {
         cudaGetLastError();
         return;  // no scratch: the unsplit launch
       }
       q.split_from = from;
       q.split_n = n;
-      q.part_o = static_cast<float*>(part);
+      q.part_o = part.as<float>();
       q.part_lse = q.part_o + units * Tr::kBlockQ * Tr::kHeadDim;
       q.num_tiles = static_cast<int>(from + units);
     } else {
@@ -1380,11 +1378,9 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
         split_combine<Tr><<<(rows + kCombineWarps - 1) / kCombineWarps, 32 * kCombineWarps, 0, stream>>>(q, tail);
         err = cudaGetLastError();
       }
-      cudaFreeAsync(q.part_o, stream);
     }
   }
-  if (order != nullptr) cudaFreeAsync(order, stream);
-  return err;
+  return err;  // order and part are freed after the launches (stream ordered)
 }
 
 template <class T, int HD, int BLKQ, int BLKK>
