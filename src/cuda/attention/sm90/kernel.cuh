@@ -848,10 +848,6 @@ struct Consumer {
     return kt;
   }
 
-  // One tile (query block): the mainloop, then the epilogue. q_phase: parity of this CTA's tile
-  // count; ring: the K/V stage position, shared with the producer's walk of the same tiles; seq:
-  // this CTA's count of key tiles so far (the same in both consumer warpgroups: the tags of the
-  // pv_threshold vote ring).
   // The split tail's epilogue (Traits::kSplit): this warpgroup's rows of O / l in f32 and their LSE
   // in log2 units into the work unit's slices of part_o / part_lse, every row of the tile (rows past
   // sq too: the combine skips them). An empty row (l == 0) gets O = 0 and LSE = -inf, which the
@@ -875,6 +871,10 @@ struct Consumer {
     }
   }
 
+  // One tile (query block): the mainloop, then the epilogue. q_phase: parity of this CTA's tile
+  // count; ring: the K/V stage position, shared with the producer's walk of the same tiles; seq:
+  // this CTA's count of key tiles so far (the same in both consumer warpgroups: the tags of the
+  // pv_threshold vote ring).
   // unit >= 0 (split tail, no pv_threshold): the tile's keys are one chunk (the walk's range), stored by
   // store_part.
   template <int kVote>
