@@ -1098,6 +1098,17 @@ SPARGE_CASES(AttentionGpuProperties) {
       EXPECT_EQ(eo.nonfinite_mismatch + el.nonfinite_mismatch, 0);
       EXPECT_LE(eo.max_abs, 5e-4) << "O: split vs whole " << describe(eo);
       EXPECT_LE(el.max_abs, 1e-5) << "LSE: split vs whole " << describe(el);
+      // On a 132-SM H200 the split runs (12 tail tiles), and its other summation order moves the last
+      // bits of some of their 12 x 128 LSE values: all equal would mean the default launch did not
+      // split. (Added after the last device round of session 14: not yet run on a GPU.)
+      int dev = 0, sms = 0;
+      SPARGE_CUDA_CHECK(cudaGetDevice(&dev));
+      SPARGE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      if (sms == 132) {
+        int differ = 0;
+        for (size_t i = 0; i < whole.lse.size(); ++i) differ += float_to_bits(split.lse[i]) != float_to_bits(whole.lse[i]);
+        EXPECT_GT(differ, 0) << "the default launch gave bitwise the unsplit LSE: the split tail did not run";
+      }
     }});
   }
   // On an sm_90 device with a 90a build the Hopper kernel is selected for a plain problem, and
