@@ -25,28 +25,27 @@ __device__ __forceinline__ void record(unsigned long long* word, std::uint64_t r
   atomicMin(word, pack(row, col));
 }
 
-// A small block of flag words in device memory, allocated on the stream (the retained scratch pool),
+// A small block of flag words in device memory, allocated on the stream (ScopedScratch: the retained scratch pool),
 // set to kNone, and read back after the kernels with a stream synchronisation.
 template <int kWords>
 class DeviceFlags {
  public:
-  explicit DeviceFlags(cudaStream_t s) : stream_(s) {}
+  explicit DeviceFlags(cudaStream_t s) : stream_(s), dev_(s) {}
   ~DeviceFlags() {
-    if (forked_) (void)fetch_forked();  // an early return: the helper's copy must not outlive dev_
-    if (dev_ != nullptr) cudaFreeAsync(dev_, stream_);
+    if (forked_) (void)fetch_forked();  // an early return: the helper's copy must not outlive dev_ (freed after this body)
   }
   DeviceFlags(const DeviceFlags&) = delete;
   DeviceFlags& operator=(const DeviceFlags&) = delete;
 
   cudaError_t init() {
-    cudaError_t e = scratch_alloc(reinterpret_cast<void**>(&dev_), sizeof(host_), stream_);
+    cudaError_t e = dev_.alloc(sizeof(host_));
     if (e != cudaSuccess) return e;
-    return cudaMemsetAsync(dev_, 0xff, sizeof(host_), stream_);  // every word = kNone
+    return cudaMemsetAsync(device(), 0xff, sizeof(host_), stream_);  // every word = kNone
   }
-  unsigned long long* device() { return dev_; }
+  unsigned long long* device() { return dev_.as<unsigned long long>(); }
   // Copies the words back and waits for the stream.
   cudaError_t fetch() {
-    cudaError_t e = cudaMemcpyAsync(host_, dev_, sizeof(host_), cudaMemcpyDeviceToHost, stream_);
+    cudaError_t e = cudaMemcpyAsync(host_, device(), sizeof(host_), cudaMemcpyDeviceToHost, stream_);
     if (e != cudaSuccess) return e;
     return cudaStreamSynchronize(stream_);
   }
@@ -64,7 +63,7 @@ class DeviceFlags {
   }
   cudaError_t fetch_forked() {
     forked_ = false;
-    return cudaMemcpyAsync(host_, dev_, sizeof(host_), cudaMemcpyDeviceToHost, helper_.stream);
+    return cudaMemcpyAsync(host_, device(), sizeof(host_), cudaMemcpyDeviceToHost, helper_.stream);
   }
   unsigned long long operator[](int i) const { return host_[i]; }
 
@@ -72,7 +71,7 @@ class DeviceFlags {
   HelperStream helper_;
   bool forked_ = false;
   cudaStream_t stream_;
-  unsigned long long* dev_ = nullptr;
+  ScopedScratch dev_;  // the words on the device, freed (stream ordered) after the destructor's body
   unsigned long long host_[kWords] = {};
 };
 

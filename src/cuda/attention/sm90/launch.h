@@ -63,8 +63,8 @@ constexpr int kVariantEarlyNext = 1024;     // persistent CTAs: the producer pre
 constexpr int kVariantQDouble = 2048;       // persistent CTAs: two Q buffers (kernels whose shared memory
                                             // has room, Traits::kQBufs), so the next tile's Q and K/V loads
                                             // never wait for this tile's last QK^T (session 6, opt-in)
-constexpr int kVariantDenseK128 = 4096;     // dense head dim 128 non-causal: 128 x 128 tiles (default since
-                                            // session 13: 128 x 176, FA3's tile for this case)
+constexpr int kVariantDenseK128 = 4096;     // dense head dim 128: 128 x 128 tiles (default: 128 x 176, FA3's
+                                            // non-causal tile; since session 13, causal too since session 14)
 constexpr int kVariantNoClusterKV = 8192;   // the dense 128 x 176 tile without its default K/V multicast
 constexpr int kVariantNoSplit = 16384;      // persistent launches without the split tail (session 14)
 constexpr int kVariantSplitTest = 32768;    // test hook: every query tile's key blocks or LUT entries in 3 chunks
