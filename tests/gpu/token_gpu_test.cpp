@@ -189,7 +189,7 @@ SPARGE_CASES(TopkGpu) {
                        s[static_cast<size_t>(3 * n + 0)] = NAN;          // row 3, sampled column 0
                        s[static_cast<size_t>(2 * n + n - 1)] = -NAN;     // row 2, last column
                        s[static_cast<size_t>(2 * n + 30001)] = NAN;      // row 2: the lowest
-                       for (const char* v : {"0", "1", "4", "5"}) {
+                       for (const char* v : {"0", "1", "4", "5", "6"}) {
                          ::setenv("SPARGE_TOPK_VARIANT", v, 1);
                          const auto gpu = run_topk(Backend::cuda, s, r, n, 2048, t);
                          ::unsetenv("SPARGE_TOPK_VARIANT");
@@ -1323,7 +1323,10 @@ std::vector<float> bucket_rows(std::int64_t r, std::int64_t n, std::int64_t stro
   return s;
 }
 
-enum class Fill { normal, all_equal, all_zero_signed, narrow, heavy_tie, single_neg_inf, mostly_neg_inf, sample_trap };
+enum class Fill {
+  normal, all_equal, all_zero_signed, narrow, heavy_tie, single_neg_inf, mostly_neg_inf, sample_trap, keep_trap,
+  cluster4000, cluster6000
+};
 
 std::vector<float> fill_rows(Fill f, std::int64_t r, std::int64_t n, std::mt19937_64& rng) {
   std::vector<float> s(static_cast<size_t>(r * n));
@@ -1347,6 +1350,23 @@ std::vector<float> fill_rows(Fill f, std::int64_t r, std::int64_t n, std::mt1993
         const auto j = static_cast<std::int64_t>(i) % n;
         if (n % 256 == 0 && j % (n / 256) < 4) x = 100.0f + static_cast<float>(j % 7);
       } break;
+      case Fill::keep_trap: {
+        // The one-pass kernel's sample reads the 8 columns from (g * n / 512) & ~7, g < 512
+        // (one_pass.cuh, keep_threshold); with n / 512 a multiple of 8 these are the columns j with
+        // j % (n / 512) < 8. Large values in the first 2 of them make the sample set its threshold
+        // among them, so that fewer than k keys are kept (k > n / 256) and the row must fall back.
+        const auto j = static_cast<std::int64_t>(i) % n;
+        if (n % 4096 == 0 && j % (n / 512) < 2) x = 100.0f + static_cast<float>(j % 7);
+      } break;
+      case Fill::cluster4000:
+      case Fill::cluster6000: {
+        // The largest scores in one run of columns inside one warp's eighth of the row (n = 131072:
+        // [65536, 81920) for warp 4): its kept list takes most segments (4000), or more than all of
+        // them (6000: the keep overflows and the row falls back).
+        const auto j = static_cast<std::int64_t>(i) % n;
+        const std::int64_t len = f == Fill::cluster4000 ? 4000 : 6000;
+        if (j >= 70000 && j < 70000 + len) x += 5.0f;
+      } break;
     }
   }
   return s;
@@ -1362,6 +1382,9 @@ const char* fill_name(Fill f) {
     case Fill::single_neg_inf: return "neginf33";
     case Fill::mostly_neg_inf: return "neginf99";
     case Fill::sample_trap: return "sampletrap";
+    case Fill::keep_trap: return "keeptrap";
+    case Fill::cluster4000: return "cluster4000";
+    case Fill::cluster6000: return "cluster6000";
   }
   return "?";
 }
@@ -1369,7 +1392,7 @@ const char* fill_name(Fill f) {
 // Runs the CPU backend once and the GPU under each variant (the environment is restored).
 void expect_all_variants(const std::vector<float>& s, std::int64_t r, std::int64_t n, int k, DType t, std::int64_t cs = 1) {
   const auto cpu = run_topk(Backend::cpu, s, r, n, k, t, cs);
-  for (const char* v : {"0", "1", "4", "5"}) {
+  for (const char* v : {"0", "1", "4", "5", "6"}) {
     ::setenv("SPARGE_TOPK_VARIANT", v, 1);
     const auto gpu = run_topk(Backend::cuda, s, r, n, k, t, cs);
     ::unsetenv("SPARGE_TOPK_VARIANT");
@@ -1418,6 +1441,14 @@ SPARGE_CASES(TopkGpuStress) {
       {3, 65536, 2048, Fill::sample_trap, 1},  {3, 65536, 1000, Fill::sample_trap, 1},
       {3, 65536, 2048, Fill::sample_trap, 3},  {4, 40000, 1000, Fill::mostly_neg_inf, 1},
       {4, 40000, 300, Fill::mostly_neg_inf, 1},
+      // The one-pass kernel (variant 0): a sample that keeps too few keys (fallback) or only the
+      // planted ones (the answer among them, with ties), the kept keys crowded into one warp's list
+      // (fits) or overflowing every segment (fallback), rows kept whole (n <= 5120) with k < n and
+      // -inf, strided rows through the kept lists.
+      {3, 65536, 2500, Fill::keep_trap, 1},     {3, 65536, 100, Fill::keep_trap, 1},
+      {3, 131072, 2048, Fill::cluster4000, 1},  {3, 131072, 2048, Fill::cluster6000, 1},
+      {3, 131072, 2048, Fill::cluster4000, 3},  {4, 5120, 700, Fill::single_neg_inf, 1},
+      {4, 5120, 5120, Fill::heavy_tie, 1},      {4, 5121, 2000, Fill::normal, 1},
   };
   for (const Shape& sh : shapes) {
     for (DType t : {DType::f32, DType::f16}) {

@@ -4,11 +4,15 @@
 // supported(), the launch and the NaN report.
 //
 // Run-time switches (read on every call, for the device rounds; results never depend on them):
-//   SPARGE_TOPK_VARIANT=0  two-pass kernel, next chunk's loads issued before the current one is
-//                          processed, every key counted in the histogram pass (default since the
-//                          second H200 round of 2026-11-30: f32 0.226 / f16 0.177 ms against
-//                          0.248 / 0.202 with the sample filter, same process; the first round
-//                          measured 0.313 / 0.261 against 0.320 / 0.281);
+//   SPARGE_TOPK_VARIANT=0  one_pass.cuh: the keys above a sampled threshold kept in shared memory
+//                          on the way, so the row is read once; rows it cannot serve (the sample
+//                          misjudged the row, the kept keys overflow, k too large) take variant 6's
+//                          path from the start (default since session 15, 2026-12-01);
+//                          =6 two-pass kernel, next chunk's loads issued before the current one is
+//                          processed, every key counted in the histogram pass (the default from the
+//                          second H200 round of 2026-11-30 to session 15: f32 0.226 / f16 0.177 ms
+//                          against 0.248 / 0.202 with the sample filter, same process; the first
+//                          round measured 0.313 / 0.261 against 0.320 / 0.281);
 //                          =1 variant 4 without that prefetch (64 B of f32 per thread per chunk);
 //                          =4 the histogram pass filtered by a sample of the row (the default
 //                             before that round);
@@ -28,6 +32,7 @@
 
 #include "cpu/token_order.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/topk/one_pass.cuh"
 #include "cuda/topk/two_pass.cuh"
 #include "validate/validate.h"
 
@@ -51,20 +56,29 @@ struct TopkPlan {
   Status status;
   KernelFn kernel = nullptr;
   int threads = 0;
+  int smem = 0;  // dynamic shared memory (the one-pass kernel; the two-pass kernels' is static)
 };
 
 // Tuning only (changes speed, never results; the GPU tests compare the default's output with the
 // CPU backend): which kernel serves a dtype and load width.
+//   one-pass (one_pass.cuh, variant 0): 256 threads, ~53 KB of dynamic shared memory (4 CTAs per
+//   SM); per warp step each thread owns 8 consecutive scores (32 B of f32, 16 B of f16) with the
+//   next step's loads in flight; its fallback is the two-pass default below.
 //   two-pass (two_pass.cuh): 256 threads; per chunk each thread owns 32 B of consecutive scores
-//   and the next chunk's loads are in flight while it works (variant 0), or 64 B without that
-//   prefetch (variant 1; f16 stays at 32 B); 63-64 registers (4 CTAs per SM), variant 0 without
+//   and the next chunk's loads are in flight while it works (variant 6), or 64 B without that
+//   prefetch (variant 1; f16 stays at 32 B); 63-64 registers (4 CTAs per SM), variant 6 without
 //   spills on sm_90a for f32, 12 B for f16. The strided path loads one score at a time, 16 per
 //   thread, no prefetch. Variants 1, 4, 5 filter the histogram pass with a sample of the row
-//   (two_pass.cuh); the default (0) counts every key, on the strided path too.
+//   (two_pass.cuh); variant 6 counts every key, on the strided path too.
 template <class T, int kVec>
 void pick_kernel(TopkPlan& plan, int variant) {
   constexpr int kBytes16 = kVec * static_cast<int>(sizeof(T)) / 16;  // 16-byte loads per kVec (1 or 0)
   plan.threads = topk::kThreads;
+  if (variant == 0) {  // one read of the row: 8 scores per thread and step (f16 with 16 spills in the loop)
+    plan.kernel = topk::one_pass_kernel<T, kVec, kBytes16 == 0 ? 8 : 8 / kVec>;
+    plan.smem = topk::kOnePassSmemBytes;
+    return;
+  }
   if constexpr (kBytes16 == 0) {
     switch (variant) {
       case 1: case 4: case 5: plan.kernel = topk::two_pass_kernel<T, kVec, 16, false, true>; break;
@@ -83,7 +97,7 @@ void pick_kernel(TopkPlan& plan, int variant) {
 }
 
 int variant_from_env() {
-  for (const char* v : {"1", "4", "5"}) {
+  for (const char* v : {"1", "4", "5", "6"}) {
     if (env_is("SPARGE_TOPK_VARIANT", v)) return *v - '0';
   }
   return 0;
@@ -142,7 +156,12 @@ Status topk_select(const TopkSelectParams& p) {
   a.counts = p.maybe_counts.present() ? p.maybe_counts.ptr<std::int32_t>() : nullptr;
   a.c0 = p.maybe_counts.present() ? p.maybe_counts.stride[0] : 0;
   a.nan_flag = fl.device();
-  plan.kernel<<<static_cast<unsigned>(rows), plan.threads, 0, stream>>>(a);
+  if (plan.smem > 0) {  // set on every call (func_attr.h: a cached "already set" would not survive a device reset)
+    e = cudaFuncSetAttribute(reinterpret_cast<const void*>(plan.kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan.smem);
+    if (e != cudaSuccess) return runtime_error(detail::cat(kOp, ": ", cudaGetErrorString(e)));
+  }
+  plan.kernel<<<static_cast<unsigned>(rows), plan.threads, static_cast<std::size_t>(plan.smem), stream>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return runtime_error(detail::cat(kOp, ": kernel launch failed: ", cudaGetErrorString(e)));
   // The synchronisation below is what lets the call report a NaN (the Status is returned now);

@@ -248,8 +248,22 @@ __device__ __forceinline__ std::uint32_t sample_lowest_digit(const T* row, std::
   return total >= target ? d.bin : 0u;  // too few samples (NaN): no filter
 }
 
+// The two-pass kernel's shared memory as one block (one_pass.cuh's fallback reuses its own bytes
+// this way; two_pass_kernel keeps separate static arrays, which ptxas allocates better).
+struct RowSmem {
+  std::uint32_t hist[kBins];
+  std::uint32_t cand_col[kCap];
+  std::uint32_t cand_key[kCap];
+  scan::BlockScanStorage<kThreads> scan_storage;
+  Digit sel;
+};
+
+// One row (blockIdx.x) of the two-pass algorithm above in the given shared memory (hist: kBins
+// words, cand_col / cand_key: kCap each); every thread of the CTA calls it.
 template <class T, int kVec, int kLoads, bool kPrefetch, bool kFilter, int kAhead = 0>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) two_pass_kernel(const TopkArgs a) {
+__device__ __forceinline__ void two_pass_row(const TopkArgs& a, std::uint32_t* const hist, std::uint32_t* const cand_col,
+                                             std::uint32_t* const cand_key, scan::BlockScanStorage<kThreads>& scan_storage,
+                                             Digit& sel) {
   using S = Slice<T, kVec, kLoads>;
   constexpr int kElems = S::kElems;
   static_assert(kAhead == 0 || (kVec > 1 && kPrefetch), "L2 prefetch only on the contiguous prefetching path");
@@ -257,11 +271,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) two_pass_kernel(con
   static_assert(static_cast<std::int64_t>(kThreads) * kElems < 65536 && kCap < 65536,
                 "the scans pack two 16-bit counts per thread");
   static_assert(kCap % kThreads == 0 && kBins % kThreads == 0, "bins and candidates split evenly over threads");
-  __shared__ std::uint32_t hist[kBins];
-  __shared__ std::uint32_t cand_col[kCap];
-  __shared__ std::uint32_t cand_key[kCap];
-  __shared__ scan::BlockScanStorage<kThreads> scan_storage;
-  __shared__ Digit sel;
 
   const std::int64_t r = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
@@ -503,6 +512,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) two_pass_kernel(con
   }
   for (std::int64_t s = static_cast<std::int64_t>(valid_count) + tid; s < k; s += kThreads) out[s * i1] = -1;
   if (tid == 0 && a.counts != nullptr) a.counts[r * a.c0] = static_cast<std::int32_t>(valid_count);
+}
+
+template <class T, int kVec, int kLoads, bool kPrefetch, bool kFilter, int kAhead = 0>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) two_pass_kernel(const TopkArgs a) {
+  __shared__ std::uint32_t hist[kBins];
+  __shared__ std::uint32_t cand_col[kCap];
+  __shared__ std::uint32_t cand_key[kCap];
+  __shared__ scan::BlockScanStorage<kThreads> scan_storage;
+  __shared__ Digit sel;
+  two_pass_row<T, kVec, kLoads, kPrefetch, kFilter, kAhead>(a, hist, cand_col, cand_key, scan_storage, sel);
 }
 
 }  // namespace sparge::cuda::topk
