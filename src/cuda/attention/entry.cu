@@ -227,9 +227,6 @@ Status select_sm90(const Problem& pb, Selection* sel) {
   if (!attn::sm90::image_available(dev)) {
     return unsupported(detail::cat(pb.op, ": the sm90 kernel needs an sm_90 device and a build with SPARGE_CUDA_ARCHS including 90a"));
   }
-  if (pb.varlen->enabled()) {
-    return unsupported(detail::cat(pb.op, ": the sm90 kernel does not take varlen (the portable kernel does)"));
-  }
   const Sm90Variant* chosen = nullptr;
   for (const Sm90Variant& v : kSm90Variants) {
     if (v.dtype == pb.q->dtype && v.head_dim == pb.q->shape[3] && v.blkq == pb.sm90_blkq && v.blkk == pb.sm90_blkk) {

@@ -178,19 +178,26 @@ struct Smem {
   __device__ __forceinline__ std::uint64_t* q_empty(int b = 0) const {
     return bars() + (b == 0 ? 1 + 4 * Tr::kStages : 3 + 4 * Tr::kStages);
   }
+  // Varlen (producer only): the V loads of a block crossing its sequence's end complete here, and the
+  // word after it counts those uses (its phase), so that the producer can zero the rows past the end
+  // before it completes the stage's "full" barrier itself (producer()).
+  __device__ __forceinline__ std::uint64_t* v_fix() const { return bars() + 4 + 4 * Tr::kStages; }
+  __device__ __forceinline__ std::uint32_t* v_fix_uses() const {
+    return reinterpret_cast<std::uint32_t*>(bars() + 5 + 4 * Tr::kStages);
+  }
   // pv_threshold vote ring (BLKQ 128): kVoteRing tagged words per consumer warp (8 warps), after the
   // barriers (within kSmemSlack, asserted below).
   static constexpr int kVoteWarps = Tr::kConsumers == 2 ? 8 : 0;  // BLKQ 64 votes through a barrier
   static constexpr std::uint32_t kVoteRing = 8;  // >= stages + 1 (docs/attention_sm90.md: why it is never overrun)
   // The first word of warp w's ring (w = 4 * consumer warpgroup + warp); slot seq is 4 * (seq % kVoteRing) further.
   __device__ __forceinline__ std::uint32_t vote_row(int w) const {
-    return smem_addr(bars() + 4 + 4 * Tr::kStages) + 4u * kVoteRing * static_cast<std::uint32_t>(w);
+    return smem_addr(bars() + 6 + 4 * Tr::kStages) + 4u * kVoteRing * static_cast<std::uint32_t>(w);
   }
   static __device__ __forceinline__ std::uint32_t vote_slot(std::uint32_t row, std::uint32_t seq) {
     return row + 4u * (seq % kVoteRing);
   }
   static_assert(kVoteRing >= Tr::kStages + 1, "the vote ring must outlast the K/V stage ring");
-  static_assert(1024 + 8 * (4 + 4 * Tr::kStages) + 4 * kVoteRing * kVoteWarps <= kSmemSlack,
+  static_assert(1024 + 8 * (6 + 4 * Tr::kStages) + 4 * kVoteRing * kVoteWarps <= kSmemSlack,
                 "barriers and vote ring exceed the shared-memory slack");
 };
 
@@ -226,6 +233,13 @@ __device__ __forceinline__ Tile make_tile(const KernelParams& p, int tile_index,
   t.sq = p.seq_q;
   t.sk = p.seq_k;
   t.b_dim0 = t.b;
+  if (p.cu_seqlens_q != nullptr) {  // varlen: sequence t.b owns rows [begin, end) of the packed tensors
+    t.q_begin = __ldg(p.cu_seqlens_q + t.b);
+    t.k_begin = __ldg(p.cu_seqlens_k + t.b);
+    t.sq = max(0, min(__ldg(p.cu_seqlens_q + t.b + 1) - t.q_begin, p.seq_q));
+    t.sk = max(0, min(__ldg(p.cu_seqlens_k + t.b + 1) - t.k_begin, p.seq_k));
+    t.b_dim0 = 0;
+  }
   t.q0 = t.qb * blkq;
   t.hk = t.h / (p.hq / p.hk);
   return t;
@@ -271,9 +285,9 @@ template <class Tr>
 __device__ __forceinline__ void load_kv_slab(const Sm90Params& P, void* dst, const CUtensorMap* map, int s, int row,
                                              const Tile& t, std::uint64_t* full) {
   if (!Tr::kMayMulticast || P.multicast == 0) {
-    tma_load_4d(dst, map, s * 64, row, t.hk, t.b_dim0, full);
+    tma_load_4d(dst, map, s * 64, t.k_begin + row, t.hk, t.b_dim0, full);
   } else if (static_cast<std::uint32_t>(s) == cluster_rank()) {
-    tma_load_4d_multicast(dst, map, s * 64, row, t.hk, t.b_dim0, full, 0x3);
+    tma_load_4d_multicast(dst, map, s * 64, t.k_begin + row, t.hk, t.b_dim0, full, 0x3);
   }
 }
 
@@ -286,6 +300,40 @@ struct QSlot {
 };
 __device__ __forceinline__ QSlot q_slot(std::uint32_t nt, bool dbl) {
   return dbl ? QSlot{static_cast<int>(nt & 1u), (nt >> 1) & 1u} : QSlot{0, nt & 1u};
+}
+
+// Zeros that the varlen V fix copies over the rows past a sequence's end (the widest key tile, 176
+// rows of 128 bytes; zero-initialized device memory of the module, never written).
+static __device__ __align__(128) std::uint8_t kVarlenZeros[176 * 128];
+
+// Varlen, after the V loads of stage st went to v_fix (producer()): waits for them (one TMA latency,
+// once per query tile and sequence end), then completes the stage's "full" barrier with bulk copies of
+// zeros over the rows of each block at or past the sequence's end (t.sk), in every slab (a row is 128
+// contiguous bytes of a slab whatever the swizzle). Both writes are async-proxy copies ordered by the
+// wait, and the consumers' wait on "full" sees both (the producer acquired v_fix before its arrive).
+template <class Tr>
+__device__ __forceinline__ void varlen_fix_v(const Smem<Tr>& sm, int st, const Tile& t, const KeyTile& kt) {
+  static_assert(Tr::kBlockK * 128 <= static_cast<int>(sizeof(kVarlenZeros)), "the zero rows must cover a block");
+  std::uint32_t* uses = sm.v_fix_uses();
+  barrier_wait(sm.v_fix(), *uses & 1u);
+  ++*uses;
+  std::uint32_t bytes = 0;
+  for (int h = 0; h < 2; ++h) {
+    if (kt.kb[h] < 0) break;
+    const int r0 = max(0, t.sk - kt.kb[h] * Tr::kBlockK);  // first row past the end
+    if (r0 < Tr::kBlockK) bytes += static_cast<std::uint32_t>(Tr::kSlabs * (Tr::kBlockK - r0) * 128);
+  }
+  barrier_expect_bytes(sm.v_full(st), bytes);
+  for (int h = 0; h < 2; ++h) {
+    if (kt.kb[h] < 0) break;
+    const int r0 = max(0, t.sk - kt.kb[h] * Tr::kBlockK);
+    if (r0 >= Tr::kBlockK) continue;
+    for (int s = 0; s < Tr::kSlabs; ++s) {
+      ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global,
+                         sm.ptr(sm.v(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab + 128 * r0), kVarlenZeros,
+                         static_cast<std::uint32_t>((Tr::kBlockK - r0) * 128), sm.v_full(st));
+    }
+  }
 }
 
 // One tile's loads: Q into buffer qb (once the consumers of the tile that used it before released it:
@@ -301,7 +349,7 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
     barrier_expect_bytes(sm.q_full(qb), Tr::kQBytes);
 #pragma unroll
     for (int s = 0; s < Tr::kSlabs; ++s) {
-      tma_load_4d(sm.ptr(sm.q(qb) + s * Tr::kQSlab), &P.q_map, s * 64, t.q0, t.h, t.b_dim0, sm.q_full(qb));
+      tma_load_4d(sm.ptr(sm.q(qb) + s * Tr::kQSlab), &P.q_map, s * 64, t.q_begin + t.q0, t.h, t.b_dim0, sm.q_full(qb));
     }
   };
   // kVariantEarlyNext: the first K/V stage goes out before the wait for the Q buffer (which the
@@ -332,7 +380,18 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
       }
     }
     barrier_wait(sm.v_empty(st), parity);
-    barrier_expect_bytes(sm.v_full(st), blocks * Tr::kBlockBytes);
+    // Varlen: one tensor map spans the packed sequences, so a block crossing its sequence's end
+    // brings the next sequence's first rows. Their scores are masked (P = 0), but 0 * Inf is NaN:
+    // the producer takes such V loads on v_fix, zeroes the rows past the end (the portable kernel's
+    // zero fill) and then completes the stage's "full" barrier itself (varlen_fix_v).
+    std::uint64_t* v_bar = sm.v_full(st);
+    if constexpr (!Tr::kFp8) {
+      if (P.p.cu_seqlens_q != nullptr &&
+          ((kt.kb[0] + 1) * Tr::kBlockK > t.sk || (blocks == 2 && (kt.kb[1] + 1) * Tr::kBlockK > t.sk))) {
+        v_bar = sm.v_fix();
+      }
+    }
+    barrier_expect_bytes(v_bar, blocks * Tr::kBlockBytes);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (h == 1 && blocks == 1) break;
@@ -347,9 +406,12 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
 #pragma unroll
         for (int s = 0; s < Tr::kSlabs; ++s) {
           load_kv_slab<Tr>(P, sm.ptr(sm.v(st) + s * Tr::kKVSlab + h * Tr::kBlockSlab), &P.v_map, s,
-                           kt.kb[h] * Tr::kBlockK, t, sm.v_full(st));
+                           kt.kb[h] * Tr::kBlockK, t, v_bar);
         }
       }
+    }
+    if constexpr (!Tr::kFp8) {
+      if (v_bar != sm.v_full(st)) varlen_fix_v<Tr>(sm, st, t, kt);
     }
   }
   if (q_pending) load_q();  // a tile without key tiles: its consumers still take and release Q
@@ -1040,6 +1102,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       barrier_init(sm.q_full(b), 1);
       barrier_init(sm.q_empty(b), Tr::kConsumers * 4);
     }
+    barrier_init(sm.v_fix(), 1);
+    *sm.v_fix_uses() = 0;
     for (int s = 0; s < Tr::kStages; ++s) {
       barrier_init(sm.k_full(s), 1);
       barrier_init(sm.v_full(s), 1);
@@ -1079,7 +1143,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
           const Tile tn = make_tile(p, work_at<Tr>(P, slot + static_cast<int>(gridDim.x)).tile, Tr::kBlockQ);
           if (tn.q0 < tn.sq) {
 #pragma unroll
-            for (int s = 0; s < Tr::kSlabs; ++s) tma_prefetch_4d(&P.q_map, s * 64, tn.q0, tn.h, tn.b_dim0);
+            for (int s = 0; s < Tr::kSlabs; ++s) tma_prefetch_4d(&P.q_map, s * 64, tn.q_begin + tn.q0, tn.h, tn.b_dim0);
             if (p.lut != nullptr) {
               prefetch_l2(lut_count_ptr(p, tn));
               prefetch_l2(lut_row(p, tn));
@@ -1313,8 +1377,10 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   // slots 2c + k * grid and 2c + 1 + k * grid, again neighbouring query blocks of one head.
   // The default for the dense-only 176-key tile (bit 8192 turns it off), on request (bit 128) for 128 x 128.
   const bool mc_wanted = Tr::kDenseOnly ? (p.variant & kVariantNoClusterKV) == 0 : (p.variant & kVariantClusterKV) != 0;
+  // Not with varlen: a cluster's second query block may lie past its sequence's end (that CTA would
+  // skip the tile and never load its slab), and the varlen V fix completes barriers of one CTA only.
   const bool mc = mc_wanted && p.p.lut == nullptr && !p.p.is_causal && Tr::kMayMulticast && p.p.nq % 2 == 0 &&
-                  num_tiles % 2 == 0;
+                  num_tiles % 2 == 0 && p.p.cu_seqlens_q == nullptr;
   // The split tail (Traits::kSplit): the chunks' partial results in one stream-ordered scratch.
   ScopedScratch part(stream);
   const auto plan_split = [&](int ctas) {
