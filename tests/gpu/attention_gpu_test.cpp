@@ -1058,6 +1058,20 @@ SPARGE_CASES(AttentionGpuDense) {
         c.b = 5;
         add(cases, c);
       }
+  // Causal dense hd128 with K/V multicast (session 15: clusters of query blocks qb, qb - 1 of one head, both
+  // walking the longer row; the shorter one's extra tile is masked whole): an even number of query
+  // blocks, sk > sq (every row sees keys) and sq > sk (empty rows, an extra tile for rows with no key),
+  // and the same shapes without the multicast (bit 65536), the persistent hook (32) on top.
+  const int kMcLens[][2] = {{256, 700}, {512, 357}, {1024, 1024}};
+  for (DType dt : kTypes)
+    for (int v : {-1, 65536, 32})
+      for (auto& len : kMcLens) {
+        if (v != -1 && len[0] == 1024) continue;
+        Cfg c;
+        c.dt = dt; c.d = 128; c.causal = true; c.sq = len[0]; c.sk = len[1]; c.lut = Lut::dense_api;
+        c.b = 1; c.hq = 2; c.hk = 1; c.variant = v; c.o_f32 = dt == DType::f16;
+        cases.push_back({c.name(), [c] { check_case(c); }});
+      }
   // Varlen on the persistent and split paths of the Hopper kernel (hooks: 32 = three persistent CTAs
   // walk every tile, empty ones past a sequence's end included; 32768 = every tile's keys in 3 chunks
   // merged by LSE), dense (the 176-key tile) and a paired 128 x 64 LUT with poisoned first blocks.

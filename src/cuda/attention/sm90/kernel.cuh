@@ -1083,6 +1083,19 @@ __device__ __forceinline__ int visible_of(const KernelParams& p, const Tile& t) 
   const int rows = min(Tr::kBlockQ, t.sq - t.q0);
   return visible_blocks(t.q0, rows, t.sq, t.sk, Tr::kBlockK, p.is_causal);
 }
+// The key blocks a tile walks: its own visible blocks, or with causal masking and K/V multicast the
+// larger count of the cluster's two tiles (tile ^ 1 is the partner: query blocks qb and qb - 1 of one
+// head), since both CTAs must load and release the same stages. The extra block of the shorter tile
+// lies past all of its rows' diagonals: masked whole, P = 0, the result unchanged.
+template <class Tr>
+__device__ __forceinline__ int walk_blocks(const Sm90Params& P, const Tile& t, int tile) {
+  const KernelParams& p = P.p;
+  int n = visible_of<Tr>(p, t);
+  if constexpr (Tr::kMayMulticast) {
+    if (p.is_causal && P.multicast != 0) n = max(n, visible_of<Tr>(p, make_tile(p, tile ^ 1, Tr::kBlockQ)));
+  }
+  return n;
+}
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel(const __grid_constant__ Sm90Params P) {
@@ -1159,7 +1172,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
           }
         }
         const QSlot qs = q_slot(nt, dbl);
-        BlockIter it = make_iter(p, t, visible_of<Tr>(p, t));
+        BlockIter it = make_iter(p, t, walk_blocks<Tr>(P, t, w.tile));
         if (w.chunk >= 0) {  // the iterator walks positions [pos, n) of the LUT row or the dense blocks
           const KeyRange kr = key_range(it.n, w.chunk, P.split_n);
           it.pos = kr.first;
@@ -1199,7 +1212,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       const QSlot qs = q_slot(nt, dbl);
       const std::uint32_t q_phase = qs.phase;
       Consumer<Tr> c(p, sm, t, cw, tid % 128, P, qs.buf);
-      WarpWalk it = make_warp_walk(p, t, visible_of<Tr>(p, t), tid % 32);
+      WarpWalk it = make_warp_walk(p, t, walk_blocks<Tr>(P, t, w.tile), tid % 32);
       int unit = -1;
       if (w.chunk >= 0) {  // the walk hands out positions [base, n) of the LUT row or the dense blocks
         const KeyRange kr = key_range(it.n, w.chunk, P.split_n);
@@ -1379,8 +1392,9 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   const bool mc_wanted = Tr::kDenseOnly ? (p.variant & kVariantNoClusterKV) == 0 : (p.variant & kVariantClusterKV) != 0;
   // Not with varlen: a cluster's second query block may lie past its sequence's end (that CTA would
   // skip the tile and never load its slab), and the varlen V fix completes barriers of one CTA only.
-  const bool mc = mc_wanted && p.p.lut == nullptr && !p.p.is_causal && Tr::kMayMulticast && p.p.nq % 2 == 0 &&
-                  num_tiles % 2 == 0 && p.p.cu_seqlens_q == nullptr;
+  // Causal (session 15, bit 65536 turns it off): both CTAs walk the longer row of the pair (walk_blocks).
+  const bool mc = mc_wanted && p.p.lut == nullptr && (!p.p.is_causal || (p.variant & kVariantNoCausalMulticast) == 0) &&
+                  Tr::kMayMulticast && p.p.nq % 2 == 0 && num_tiles % 2 == 0 && p.p.cu_seqlens_q == nullptr;
   // The split tail (Traits::kSplit): the chunks' partial results in one stream-ordered scratch.
   ScopedScratch part(stream);
   const auto plan_split = [&](int ctas) {

@@ -69,6 +69,7 @@ constexpr int kVariantNoClusterKV = 8192;   // the dense 128 x 176 tile without 
 constexpr int kVariantNoSplit = 16384;      // persistent launches without the split tail (session 14)
 constexpr int kVariantSplitTest = 32768;    // test hook: every query tile's key blocks or LUT entries in 3 chunks
                                             // (combined by LSE), whatever the launch shape (not with pv_threshold)
+constexpr int kVariantNoCausalMulticast = 65536;  // causal dense 176 tile: no K/V multicast (the default before session 15)
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT, head dim 64 or the dense 176-key tile (docs/attention_sm90.md: round 4, the
 // paired LUT since session 3, the 176 tile since session 13).
