@@ -8,6 +8,7 @@
 // exactly what these functions allocate (shapes, dtypes, contiguous strides).
 #include <torch/library.h>
 
+#include <limits>
 #include <optional>
 
 #include "convert.h"
@@ -298,6 +299,137 @@ std::tuple<at::Tensor, at::Tensor> merge_attn(const at::Tensor& o_a_user, const 
 
 }  // namespace
 
+// ---- varlen: packed sequences, as FlashAttention's varlen functions take them -----------------
+// q [total_q, Hq, D] and k / v [total_k, Hk, D] ('NHD'; 'HND' = [H, total, D]); cu_seqlens_q / _k int32
+// [num_seqs + 1] on the tensors' device (sequence s owns rows [cu[s], cu[s + 1])); max_seqlen_q / _k
+// bound every sequence (the library checks the cu values where it can read them: on the CPU backend).
+// Outputs: o like q, lse [num_seqs, Hq, max_seqlen_q], LUTs [num_seqs, Hq, NQ, NK] with NQ / NK from the
+// max lengths. Internally the library's varlen view: [1, total, H, D].
+struct VarlenArgs {
+  VarlenArgs(const char* op_name, c10::string_view layout, const at::Tensor& q_user_, const at::Tensor& k_user,
+             const at::Tensor* v_user, const at::Tensor& cu_q_, const at::Tensor& cu_k_, std::int64_t max_q,
+             std::int64_t max_k)
+      : op(op_name), hnd(is_hnd(layout, op_name)), q_user(q_user_), cu_q(cu_q_), cu_k(cu_k_) {
+    q = packed(q_user_, "q");
+    k = packed(k_user, "k");
+    if (v_user != nullptr) v = packed(*v_user, "v");
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"cu_seqlens_q", &cu_q},
+                                  std::pair<const char*, const at::Tensor*>{"cu_seqlens_k", &cu_k}}) {
+      SPARGE_PY_CHECK_VALUE(t->dim() == 1 && t->numel() >= 2, op, ": ", name, " has shape ", t->sizes(),
+                            " (expected [num_seqs + 1], num_seqs >= 1)");
+      SPARGE_PY_CHECK_VALUE(t->scalar_type() == at::kInt, op, ": ", name, ".dtype = ", t->scalar_type(),
+                            " (expected torch.int32)");
+      SPARGE_PY_CHECK_VALUE(t->is_contiguous(), op, ": ", name, " must be contiguous");
+    }
+    SPARGE_PY_CHECK_VALUE(cu_q.numel() == cu_k.numel(), op, ": cu_seqlens_q has ", cu_q.numel(),
+                          " entries and cu_seqlens_k ", cu_k.numel(), " (expected the same: num_seqs + 1)");
+    SPARGE_PY_CHECK_VALUE(max_q >= 1 && max_q <= INT32_MAX, op, ": max_seqlen_q = ", max_q, " (expected >= 1)");
+    SPARGE_PY_CHECK_VALUE(max_k >= 1 && max_k <= INT32_MAX, op, ": max_seqlen_k = ", max_k, " (expected >= 1)");
+    vl.cu_seqlens_q = cu_q.data_ptr<std::int32_t>();
+    vl.cu_seqlens_k = cu_k.data_ptr<std::int32_t>();
+    vl.num_seqs = static_cast<int>(cu_q.numel() - 1);
+    vl.max_seqlen_q = static_cast<int>(max_q);
+    vl.max_seqlen_k = static_cast<int>(max_k);
+  }
+
+  // The library's [1, total, H, D] view of a packed [total, H, D] ('HND': [H, total, D]) tensor.
+  at::Tensor packed(const at::Tensor& t, const char* name) const {
+    SPARGE_PY_CHECK_VALUE(t.dim() == 3, op, ": ", name, " has ", t.dim(), " dimensions (expected 3: ",
+                          hnd ? "[H, total, D]" : "[total, H, D]", ")");
+    return (hnd ? t.transpose(0, 1) : t).unsqueeze(0);
+  }
+
+  // o (q's shape, layout and dtype) and lse ([num_seqs, Hq, max_seqlen_q] f32, or an empty [0]); the
+  // library leaves lse past each sequence's end unwritten, so it starts as -inf (defined values).
+  template <class Params>
+  std::tuple<at::Tensor, at::Tensor> outputs(Params& p, bool return_lse) const {
+    at::Tensor o = at::empty(q_user.sizes(), q_user.options());
+    at::Tensor lse = return_lse ? at::full({vl.num_seqs, q.size(2), vl.max_seqlen_q},
+                                           -std::numeric_limits<float>::infinity(), f32(q))
+                                : at::empty({0}, f32(q));
+    p.q = view(q, op, "q");
+    p.k = view(k, op, "k");
+    p.v = view(v, op, "v");
+    p.o = view(packed(o, "o"), op, "o");
+    if (return_lse) p.maybe_lse = view(lse, op, "lse");
+    p.varlen = vl;
+    return {o, lse};
+  }
+
+  const char* op;
+  bool hnd;
+  at::Tensor q_user, cu_q, cu_k;
+  at::Tensor q, k, v;
+  Varlen vl;
+};
+
+std::tuple<at::Tensor, at::Tensor> dense_attn_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& cu_q, const at::Tensor& cu_k,
+                                                     std::int64_t max_q, std::int64_t max_k, bool is_causal,
+                                                     double scale, c10::string_view tensor_layout,
+                                                     bool return_lse) {
+  constexpr const char* op = "sparge.dense_attn_varlen";
+  const VarlenArgs a(op, tensor_layout, q, k, &v, cu_q, cu_k, max_q, max_k);
+  const DeviceContext ctx(common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"cu_seqlens_q", &cu_q},
+                                             {"cu_seqlens_k", &cu_k}}),
+                          op);
+  DenseAttentionParams p;
+  auto out = a.outputs(p, return_lse);
+  p.scale = static_cast<float>(scale);
+  p.is_causal = is_causal;
+  p.exec = ctx.exec();
+  throw_if_error(dense_attention(p));
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> block_sparse_attn_varlen(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lut, const at::Tensor& counts,
+    const at::Tensor& cu_q, const at::Tensor& cu_k, std::int64_t max_q, std::int64_t max_k, std::int64_t blkq,
+    std::int64_t blkk, bool is_causal, double scale, std::optional<c10::ArrayRef<double>> pv_threshold,
+    c10::string_view tensor_layout, bool return_lse) {
+  constexpr const char* op = "sparge.block_sparse_attn_varlen";
+  const VarlenArgs a(op, tensor_layout, q, k, &v, cu_q, cu_k, max_q, max_k);
+  const DeviceContext ctx(common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"lut", &lut}, {"counts", &counts},
+                                             {"cu_seqlens_q", &cu_q}, {"cu_seqlens_k", &cu_k}}),
+                          op);
+  const PerHeadValues pv = per_head(pv_threshold);
+  BlockSparseAttentionParams p;
+  auto out = a.outputs(p, return_lse);
+  p.lut = view(lut, op, "lut");
+  p.counts = view(counts, op, "counts");
+  p.blkq = static_cast<int>(blkq);
+  p.blkk = static_cast<int>(blkk);
+  p.scale = static_cast<float>(scale);
+  p.is_causal = is_causal;
+  p.pv_threshold = pv.span();
+  p.exec = ctx.exec();
+  throw_if_error(block_sparse_attention(p));
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> block_map_varlen(
+    const at::Tensor& q_user, const at::Tensor& k_user, const at::Tensor& cu_q, const at::Tensor& cu_k,
+    std::int64_t max_q, std::int64_t max_k, std::optional<c10::ArrayRef<double>> topk,
+    std::optional<c10::ArrayRef<double>> cdfthreshd, std::optional<c10::ArrayRef<double>> simthreshd1,
+    std::int64_t blkq, std::int64_t blkk, bool is_causal, bool attention_sink, bool smooth_k, double scale,
+    c10::string_view tensor_layout) {
+  constexpr const char* op = "sparge.block_map_varlen";
+  const VarlenArgs a(op, tensor_layout, q_user, k_user, nullptr, cu_q, cu_k, max_q, max_k);
+  const DeviceContext ctx(common_device(op, {{"q", &q_user}, {"k", &k_user}, {"cu_seqlens_q", &cu_q},
+                                             {"cu_seqlens_k", &cu_k}}),
+                          op);
+  const std::int64_t nq = blocks(max_q, blkq), nk = blocks(max_k, blkk);
+  at::Tensor lut = at::empty({a.vl.num_seqs, a.q.size(2), nq, nk}, i32(a.q));
+  at::Tensor counts = at::empty({a.vl.num_seqs, a.q.size(2), nq}, i32(a.q));
+  const PerHeadValues topk_v = per_head(topk), cdf_v = per_head(cdfthreshd), sim_v = per_head(simthreshd1);
+  BlockMapParams p = block_map_params(op, a.q, a.k, topk_v, cdf_v, sim_v, blkq, blkk, is_causal, attention_sink,
+                                      smooth_k, scale, lut, counts);
+  p.varlen = a.vl;
+  p.exec = ctx.exec();
+  throw_if_error(build_block_map(p));
+  return {lut, counts};
+}
+
 TORCH_LIBRARY(sparge, m) {
   m.def(
       "block_map(Tensor q, Tensor k, float[]? topk, float[]? cdfthreshd, float[]? simthreshd1, int blkq, "
@@ -314,6 +446,18 @@ TORCH_LIBRARY(sparge, m) {
   m.def(
       "dense_attn(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str tensor_layout, "
       "bool return_lse) -> (Tensor o, Tensor lse)");
+  m.def(
+      "dense_attn_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, bool is_causal, float scale, str tensor_layout, bool return_lse) -> (Tensor o, Tensor lse)");
+  m.def(
+      "block_sparse_attn_varlen(Tensor q, Tensor k, Tensor v, Tensor lut, Tensor counts, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, int blkq, int blkk, bool is_causal, float scale, "
+      "float[]? pv_threshold, str tensor_layout, bool return_lse) -> (Tensor o, Tensor lse)");
+  m.def(
+      "block_map_varlen(Tensor q, Tensor k, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, float[]? topk, float[]? cdfthreshd, float[]? simthreshd1, int blkq, int blkk, "
+      "bool is_causal, bool attention_sink, bool smooth_k, float scale, str tensor_layout) "
+      "-> (Tensor lut, Tensor counts)");
   m.def("topk_select(Tensor scores, int k) -> (Tensor indices, Tensor counts)");
   m.def("compact_mask(Tensor mask, int n_max) -> (Tensor indices, Tensor counts)");
   m.def(
@@ -331,6 +475,9 @@ TORCH_LIBRARY(sparge, m) {
   m.impl("block_sparse_attn", &block_sparse_attn); \
   m.impl("sparge_attn_fp8", &sparge_attn_fp8);    \
   m.impl("dense_attn", &dense_attn);              \
+  m.impl("dense_attn_varlen", &dense_attn_varlen); \
+  m.impl("block_sparse_attn_varlen", &block_sparse_attn_varlen); \
+  m.impl("block_map_varlen", &block_map_varlen);  \
   m.impl("topk_select", &topk_select);            \
   m.impl("compact_mask", &compact_mask);          \
   m.impl("gather_attn", &gather_attn);            \

@@ -26,12 +26,16 @@ from .api import (
     DEFAULT_BLKQ,
     TOPK_API_DEFAULTS,
     block_map,
+    block_map_varlen,
     block_sparse_attn,
+    block_sparse_attn_varlen,
     compact_mask,
     dense_attn,
+    dense_attn_varlen,
     gather_attn,
     merge_attn,
     sparge_attn,
+    sparge_attn_varlen,
     sparsity_of,
     spas_sage2_attn_meansim_cuda,
     spas_sage2_attn_meansim_topk_cuda,
@@ -53,7 +57,8 @@ def cuda_available() -> bool:
 
 __all__ = [
     "sparge_attn", "block_map", "block_sparse_attn", "dense_attn", "topk_select", "compact_mask",
-    "gather_attn", "merge_attn", "sparsity_of", "spas_sage2_attn_meansim_topk_cuda",
+    "gather_attn", "merge_attn", "sparsity_of", "dense_attn_varlen", "block_map_varlen", "block_sparse_attn_varlen",
+    "sparge_attn_varlen", "spas_sage2_attn_meansim_topk_cuda",
     "spas_sage2_attn_meansim_cuda", "built_with_cuda", "cuda_available", "utils", "dist",
     "DEFAULT_BLKQ", "DEFAULT_BLKK", "TOPK_API_DEFAULTS", "CDF_API_DEFAULTS",
 ]

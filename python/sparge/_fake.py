@@ -98,3 +98,41 @@ def _dist_sparse_attn(q, k, v, comm, rank, world, seq_len, topk, cdfthreshd, sim
     else:
         lut, counts = q.new_empty((0,), dtype=i32), q.new_empty((0,), dtype=i32)
     return q.new_empty(q.shape), _lse(q, tensor_layout, return_lse, op), lut, counts
+
+
+# Varlen (packed [total, H, D] tensors; 'HND' = [H, total, D]): o like q, lse [num_seqs, Hq, max_seqlen_q],
+# LUTs [num_seqs, Hq, NQ, NK] from the max lengths.
+def _packed_heads(t, layout, op, name):
+    _check_layout(layout, op)
+    if t.dim() != 3:
+        raise ValueError(f"{op}: {name} has {t.dim()} dimensions (expected 3)")
+    return t.shape[0] if layout == "HND" else t.shape[1]
+
+
+def _varlen_lse(q, cu_seqlens_q, max_seqlen_q, layout, want, op):
+    hq = _packed_heads(q, layout, op, "q")
+    if not want:
+        return q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty((cu_seqlens_q.shape[0] - 1, hq, max_seqlen_q), dtype=torch.float32)
+
+
+@torch.library.register_fake("sparge::dense_attn_varlen")
+def _dense_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                       tensor_layout, return_lse):
+    return q.new_empty(q.shape), _varlen_lse(q, cu_seqlens_q, max_seqlen_q, tensor_layout, return_lse,
+                                             "sparge.dense_attn_varlen")
+
+
+@torch.library.register_fake("sparge::block_sparse_attn_varlen")
+def _block_sparse_attn_varlen(q, k, v, lut, counts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, blkq,
+                              blkk, is_causal, scale, pv_threshold, tensor_layout, return_lse):
+    return q.new_empty(q.shape), _varlen_lse(q, cu_seqlens_q, max_seqlen_q, tensor_layout, return_lse,
+                                             "sparge.block_sparse_attn_varlen")
+
+
+@torch.library.register_fake("sparge::block_map_varlen")
+def _block_map_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, topk, cdfthreshd, simthreshd1,
+                      blkq, blkk, is_causal, attention_sink, smooth_k, scale, tensor_layout):
+    hq = _packed_heads(q, tensor_layout, "sparge.block_map_varlen", "q")
+    n, nq, nk = cu_seqlens_q.shape[0] - 1, _blocks(max_seqlen_q, blkq), _blocks(max_seqlen_k, blkk)
+    return q.new_empty((n, hq, nq, nk), dtype=torch.int32), q.new_empty((n, hq, nq), dtype=torch.int32)

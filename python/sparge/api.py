@@ -196,6 +196,102 @@ def sparge_attn(q, k, v, topk=None, cdfthreshd=None, simthreshd1=None, pvthreshd
 
 
 # ------------------------------------------------------------------------------------------------
+# Varlen: packed sequences, as FlashAttention's varlen functions take them.
+
+def _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, tensor_layout, op):
+    """Checks the packed tensors and the sequence bounds; returns (cu_q, cu_k, max_q, max_k) as the ops take them."""
+    _layout(tensor_layout, op)
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{op}: {name} is a {type(t).__name__} (expected a torch.Tensor)")
+        if t.dim() != 3:
+            layout = "[H, total, D]" if tensor_layout == "HND" else "[total, H, D]"
+            raise ValueError(f"{op}: {name} has {t.dim()} dimensions (expected 3: {layout}, the sequences packed)")
+    cus = []
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{op}: {name} is a {type(t).__name__} (expected a 1-D int32 tensor [num_seqs + 1])")
+        cus.append(_int32(t, op, name).contiguous())
+    maxes = []
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(m, numbers.Integral) or isinstance(m, bool) or m < 1:
+            raise ValueError(f"{op}: {name} = {m!r} (expected an int >= 1, the longest sequence)")
+        maxes.append(int(m))
+    return cus[0], cus[1], maxes[0], maxes[1]
+
+
+def dense_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
+                      tensor_layout="NHD", return_lse=False):
+    """Dense attention over packed sequences: q [total_q, Hq, D], k / v [total_k, Hk, D] ('NHD'; 'HND' =
+    [H, total, D]); sequence s owns rows cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (int32 [num_seqs + 1] on
+    q's device), each at most max_seqlen long. Causal masking is bottom-right aligned per sequence.
+    Returns o like q (and lse [num_seqs, Hq, max_seqlen_q] fp32, -inf past each sequence's end).
+    """
+    op = "sparge.dense_attn_varlen"
+    cq, ck, mq, mk = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, tensor_layout, op)
+    o, lse = _ops.dense_attn_varlen(q, k, v, cq, ck, mq, mk, bool(is_causal), _scale(scale, op), tensor_layout,
+                                    bool(return_lse))
+    return (o, lse) if return_lse else o
+
+
+def block_map_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, topk=None, cdfthreshd=None,
+                     simthreshd1=None, blkq=DEFAULT_BLKQ, blkk=DEFAULT_BLKK, is_causal=False, attention_sink=False,
+                     smooth_k=True, tensor_layout="NHD", scale=None):
+    """block_map over packed sequences (dense_attn_varlen's layout): (lut [num_seqs, Hq, NQ, NK], counts
+    [num_seqs, Hq, NQ]) with NQ / NK from max_seqlen_q / _k; each sequence's map is the one block_map
+    gives it alone."""
+    op = "sparge.block_map_varlen"
+    cq, ck, mq, mk = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, tensor_layout, op)
+    return _ops.block_map_varlen(q, k, cq, ck, mq, mk, _per_head(topk, op, "topk"),
+                                 _per_head(cdfthreshd, op, "cdfthreshd"), _per_head(simthreshd1, op, "simthreshd1"),
+                                 _check_block(blkq, op, "blkq"), _check_block(blkk, op, "blkk"), bool(is_causal),
+                                 bool(attention_sink), bool(smooth_k), _scale(scale, op), tensor_layout)
+
+
+def block_sparse_attn_varlen(q, k, v, lut, counts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             blkq=DEFAULT_BLKQ, blkk=DEFAULT_BLKK, is_causal=False, scale=None, pvthreshd=None,
+                             tensor_layout="NHD", return_lse=False):
+    """block_sparse_attn over packed sequences (dense_attn_varlen's layout), with the LUT of
+    block_map_varlen ([num_seqs, Hq, NQ, NK])."""
+    op = "sparge.block_sparse_attn_varlen"
+    cq, ck, mq, mk = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, tensor_layout, op)
+    o, lse = _ops.block_sparse_attn_varlen(q, k, v, _int32(lut, op, "lut"), _int32(counts, op, "counts"), cq, ck, mq,
+                                           mk, _check_block(blkq, op, "blkq"), _check_block(blkk, op, "blkk"),
+                                           bool(is_causal), _scale(scale, op), _per_head(pvthreshd, op, "pvthreshd"),
+                                           tensor_layout, bool(return_lse))
+    return (o, lse) if return_lse else o
+
+
+def sparge_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, topk=None, cdfthreshd=None,
+                       simthreshd1=None, pvthreshd=50.0, is_causal=False, attention_sink=False, smooth_k=True,
+                       tensor_layout="NHD", scale=None, return_lse=False, *, blkq=DEFAULT_BLKQ, blkk=DEFAULT_BLKK,
+                       return_block_map=False):
+    """sparge_attn over packed sequences: block_map_varlen, then block_sparse_attn_varlen (the same
+    selection defaults as sparge_attn). Returns o, then lse if return_lse, then (lut, counts) if
+    return_block_map."""
+    op = "sparge.sparge_attn_varlen"
+    if topk is not None and cdfthreshd is not None:
+        raise ValueError(f"{op}: give one of topk = {topk!r} and cdfthreshd = {cdfthreshd!r}, not both")
+    if topk is None and cdfthreshd is None:
+        topk = TOPK_API_DEFAULTS["topk"]
+    if simthreshd1 is None:
+        simthreshd1 = TOPK_API_DEFAULTS["simthreshd1"] if topk is not None else CDF_API_DEFAULTS["simthreshd1"]
+    lut, counts = block_map_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, topk=topk,
+                                   cdfthreshd=cdfthreshd, simthreshd1=simthreshd1, blkq=blkq, blkk=blkk,
+                                   is_causal=is_causal, attention_sink=attention_sink, smooth_k=smooth_k,
+                                   tensor_layout=tensor_layout, scale=scale)
+    o, lse = block_sparse_attn_varlen(q, k, v, lut, counts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                      blkq=blkq, blkk=blkk, is_causal=is_causal, scale=scale, pvthreshd=pvthreshd,
+                                      tensor_layout=tensor_layout, return_lse=True)
+    out = [o]
+    if return_lse:
+        out.append(lse)
+    if return_block_map:
+        out += [lut, counts]
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+# ------------------------------------------------------------------------------------------------
 # Upstream-compatible names (spas_sage_attn.core). Same positional order and defaults; differences:
 # attn_mask and dropout_p must be None / 0 (upstream ignores them silently), output_dtype=None keeps
 # the input dtype, and with both return_lse and return_sparsity the result is (o, lse, sparsity).

@@ -281,3 +281,95 @@ def test_fp8_recipe(device):
         assert (lsef.cpu()[fin] - lsec[fin]).abs().max().item() < 0.02
     with pytest.raises(ValueError, match="recipe"):
         sparge.block_sparse_attn(q, k, v, lut, counts, blkq=blkq, blkk=blkk, recipe="int8")
+
+
+# ------------------------------------------------------------------------------------------------
+# Varlen (packed sequences): every sequence's rows equal the same call on that sequence alone.
+
+_VARLEN_LENS = ([100, 1, 257, 64, 300], [130, 77, 257, 1, 300])  # q, k per sequence (Sq > Sk, Sk = 1, ...)
+
+
+def _packed_qkv(lens_q, lens_k, hq, hk, d, dtype, device, gen):
+    def mk(total, h):
+        return torch.randn(total, h, d, generator=gen).to(device=device, dtype=dtype)
+    cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+    return mk(sum(lens_q), hq), mk(sum(lens_k), hk), mk(sum(lens_k), hk), cu(lens_q), cu(lens_k)
+
+
+def _tol(dtype):
+    return dict(atol=0, rtol=0) if dtype == torch.float32 else dict(atol=4e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dense_attn_varlen_matches_each_sequence(device, causal, d):
+    _skip_unless(device)
+    gen = torch.Generator().manual_seed(7 + d + causal)
+    lens_q, lens_k = _VARLEN_LENS
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    q, k, v, cq, ck = _packed_qkv(lens_q, lens_k, 4, 2, d, dtype, device, gen)
+    o, lse = sparge.dense_attn_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), is_causal=causal, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (len(lens_q), 4, max(lens_q))
+    for s in range(len(lens_q)):
+        a, b, c, e = int(cq[s]), int(cq[s + 1]), int(ck[s]), int(ck[s + 1])
+        o_s, lse_s = sparge.dense_attn(q[None, a:b], k[None, c:e], v[None, c:e], is_causal=causal,
+                                       tensor_layout="NHD", return_lse=True)
+        torch.testing.assert_close(o[a:b], o_s[0], **_tol(dtype), msg=f"sequence {s}")
+        torch.testing.assert_close(lse[s, :, :b - a], lse_s[0], **_tol(torch.float32 if device == "cpu" else dtype))
+        assert torch.isneginf(lse[s, :, b - a:]).all(), "lse past the sequence's end is -inf"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("blk", [(128, 64), (64, 64), (128, 128)])
+def test_sparge_attn_varlen_matches_each_sequence(device, causal, blk):
+    """block_map_varlen gives each sequence the map block_map gives it alone; the attention over it too."""
+    _skip_unless(device)
+    gen = torch.Generator().manual_seed(11 + blk[1] + causal)
+    lens_q, lens_k = _VARLEN_LENS
+    if causal:
+        lens_k = lens_q  # the block map's causal selection on self-attention shapes
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    q, k, v, cq, ck = _packed_qkv(lens_q, lens_k, 4, 2, 128, dtype, device, gen)
+    blkq, blkk = blk
+    o, lse, lut, counts = sparge.sparge_attn_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), topk=0.5,
+                                                    is_causal=causal, pvthreshd=None, return_lse=True,
+                                                    blkq=blkq, blkk=blkk, return_block_map=True)
+    for s in range(len(lens_q)):
+        a, b, c, e = int(cq[s]), int(cq[s + 1]), int(ck[s]), int(ck[s + 1])
+        o_s, lse_s, lut_s, counts_s = sparge.sparge_attn(q[None, a:b], k[None, c:e], v[None, c:e], topk=0.5,
+                                                         is_causal=causal, pvthreshd=None, tensor_layout="NHD",
+                                                         return_lse=True, blkq=blkq, blkk=blkk,
+                                                         return_block_map=True)
+        nq = counts_s.shape[2]
+        assert torch.equal(counts[s, :, :nq], counts_s[0]), f"sequence {s}: counts"
+        for h in range(4):
+            for qb in range(nq):
+                n = int(counts_s[0, h, qb])
+                assert torch.equal(lut[s, h, qb, :n], lut_s[0, h, qb, :n]), f"sequence {s} head {h} block {qb}"
+        assert (counts[s, :, nq:] == 0).all(), "query blocks past the sequence's end select nothing"
+        torch.testing.assert_close(o[a:b], o_s[0], **_tol(dtype), msg=f"sequence {s}")
+        torch.testing.assert_close(lse[s, :, :b - a], lse_s[0], **_tol(torch.float32 if device == "cpu" else dtype))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_hnd_layout_and_errors(device):
+    _skip_unless(device)
+    gen = torch.Generator().manual_seed(3)
+    lens_q, lens_k = _VARLEN_LENS
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    q, k, v, cq, ck = _packed_qkv(lens_q, lens_k, 4, 2, 64, dtype, device, gen)
+    o = sparge.dense_attn_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k))
+    o_hnd = sparge.dense_attn_varlen(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cq, ck,
+                                     max(lens_q), max(lens_k), tensor_layout="HND")
+    assert torch.equal(o_hnd.transpose(0, 1), o)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        sparge.dense_attn_varlen(q, k, v, cq, ck, 0, max(lens_k))
+    with pytest.raises(ValueError, match="expected 3"):
+        sparge.dense_attn_varlen(q[None], k, v, cq, ck, max(lens_q), max(lens_k))
+    with pytest.raises(ValueError, match="cu_seqlens_k"):
+        sparge.dense_attn_varlen(q, k, v, cq, ck[:-1], max(lens_q), max(lens_k))
+    if device == "cpu":  # the CPU backend reads the bounds: a sequence longer than max_seqlen_q is an error
+        with pytest.raises(ValueError, match="max_seqlen_q"):
+            sparge.dense_attn_varlen(q, k, v, cq, ck, 100, max(lens_k))
