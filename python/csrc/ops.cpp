@@ -86,6 +86,18 @@ BlockMapParams block_map_params(const char* op, const at::Tensor& q, const at::T
   return p;
 }
 
+// The LUT and the attention parameters of block_sparse_attention (the fixed-length and varlen bindings).
+void set_lut_params(BlockSparseAttentionParams& p, const char* op, const at::Tensor& lut, const at::Tensor& counts,
+                    std::int64_t blkq, std::int64_t blkk, bool is_causal, double scale, const PerHeadValues& pv) {
+  p.lut = view(lut, op, "lut");
+  p.counts = view(counts, op, "counts");
+  p.blkq = static_cast<int>(blkq);
+  p.blkk = static_cast<int>(blkk);
+  p.scale = static_cast<float>(scale);
+  p.is_causal = is_causal;
+  p.pv_threshold = pv.span();
+}
+
 std::tuple<at::Tensor, at::Tensor> block_map(const at::Tensor& q_user, const at::Tensor& k_user,
                                              std::optional<c10::ArrayRef<double>> topk,
                                              std::optional<c10::ArrayRef<double>> cdfthreshd,
@@ -127,13 +139,7 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attn(const at::Tensor& q_user, c
   const PerHeadValues pv = per_head(pv_threshold);
   BlockSparseAttentionParams p;
   auto out = a.outputs(p, return_lse);
-  p.lut = view(lut, op, "lut");
-  p.counts = view(counts, op, "counts");
-  p.blkq = static_cast<int>(blkq);
-  p.blkk = static_cast<int>(blkk);
-  p.scale = static_cast<float>(scale);
-  p.is_causal = is_causal;
-  p.pv_threshold = pv.span();
+  set_lut_params(p, op, lut, counts, blkq, blkk, is_causal, scale, pv);
   p.recipe = recipe == "fp8" ? Recipe::fp8 : Recipe::none;
   p.exec = ctx.exec();
   throw_if_error(block_sparse_attention(p));
@@ -395,13 +401,7 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attn_varlen(
   const PerHeadValues pv = per_head(pv_threshold);
   BlockSparseAttentionParams p;
   auto out = a.outputs(p, return_lse);
-  p.lut = view(lut, op, "lut");
-  p.counts = view(counts, op, "counts");
-  p.blkq = static_cast<int>(blkq);
-  p.blkk = static_cast<int>(blkk);
-  p.scale = static_cast<float>(scale);
-  p.is_causal = is_causal;
-  p.pv_threshold = pv.span();
+  set_lut_params(p, op, lut, counts, blkq, blkk, is_causal, scale, pv);
   p.exec = ctx.exec();
   throw_if_error(block_sparse_attention(p));
   return out;

@@ -65,14 +65,18 @@ def _layout(tensor_layout, op):
     return tensor_layout
 
 
-def _dims(q, k, tensor_layout, op):
-    """(B, Sq, Sk, Hq) from 4-D q and k in the given layout."""
+def _check_qk(q, k, ndim, shape, op):
+    """q and k are tensors of ndim dimensions (shape: how the message names them)."""
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{op}: {name} is a {type(t).__name__} (expected a torch.Tensor)")
-        if t.dim() != 4:
-            layout = "[B, H, S, D]" if tensor_layout == "HND" else "[B, S, H, D]"
-            raise ValueError(f"{op}: {name} has {t.dim()} dimensions (expected 4: {layout})")
+        if t.dim() != ndim:
+            raise ValueError(f"{op}: {name} has {t.dim()} dimensions (expected {ndim}: {shape})")
+
+
+def _dims(q, k, tensor_layout, op):
+    """(B, Sq, Sk, Hq) from 4-D q and k in the given layout."""
+    _check_qk(q, k, 4, "[B, H, S, D]" if tensor_layout == "HND" else "[B, S, H, D]", op)
     s_dim, h_dim = (2, 1) if tensor_layout == "HND" else (1, 2)
     return q.shape[0], q.shape[s_dim], k.shape[s_dim], q.shape[h_dim]
 
@@ -136,6 +140,19 @@ def dense_attn(q, k, v, is_causal=False, scale=None, tensor_layout="HND", return
     return (o, lse) if return_lse else o
 
 
+def assemble(o, lse=None, block_map=None, sparsity=None):
+    """The return value of the sparge_attn family: o, then lse, the sparsity and (lut, counts), each when
+    given (not None); a lone o is returned bare."""
+    out = [o]
+    if lse is not None:
+        out.append(lse)
+    if sparsity is not None:
+        out.append(sparsity)
+    if block_map is not None:
+        out += list(block_map)
+    return out[0] if len(out) == 1 else tuple(out)
+
+
 def sparsity_of(counts, sq, sk, blkq, blkk, is_causal):
     """1 - density, density = sum(counts) / sum(visible blocks); a 0-D fp32 tensor (no host sync)."""
     nv = utils.visible_blocks(sq, sk, blkq, blkk, is_causal) * counts.shape[0] * counts.shape[1]
@@ -184,15 +201,11 @@ def sparge_attn(q, k, v, topk=None, cdfthreshd=None, simthreshd1=None, pvthreshd
         o, lse = _ops.block_sparse_attn(q, k, v, lut, counts, blkq, blkk, bool(is_causal), s,
                                         _per_head(pvthreshd, op, "pvthreshd"), tensor_layout, bool(return_lse),
                                         str(recipe))
-    out = [o]
-    if return_lse:
-        out.append(lse)
+    sp = None
     if return_sparsity:
         sp = sparsity_of(counts, sq, sk, blkq, blkk, bool(is_causal))
-        out.append(sp if torch.compiler.is_compiling() else float(sp.item()))
-    if return_block_map:
-        out += [lut, counts]
-    return out[0] if len(out) == 1 else tuple(out)
+        sp = sp if torch.compiler.is_compiling() else float(sp.item())
+    return assemble(o, lse if return_lse else None, (lut, counts) if return_block_map else None, sparsity=sp)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,12 +214,7 @@ def sparge_attn(q, k, v, topk=None, cdfthreshd=None, simthreshd1=None, pvthreshd
 def _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, tensor_layout, op):
     """Checks the packed tensors and the sequence bounds; returns (cu_q, cu_k, max_q, max_k) as the ops take them."""
     _layout(tensor_layout, op)
-    for name, t in (("q", q), ("k", k)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{op}: {name} is a {type(t).__name__} (expected a torch.Tensor)")
-        if t.dim() != 3:
-            layout = "[H, total, D]" if tensor_layout == "HND" else "[total, H, D]"
-            raise ValueError(f"{op}: {name} has {t.dim()} dimensions (expected 3: {layout}, the sequences packed)")
+    _check_qk(q, k, 3, ("[H, total, D]" if tensor_layout == "HND" else "[total, H, D]") + ", the sequences packed", op)
     cus = []
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(t, torch.Tensor):
@@ -283,12 +291,7 @@ def sparge_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     o, lse = block_sparse_attn_varlen(q, k, v, lut, counts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                       blkq=blkq, blkk=blkk, is_causal=is_causal, scale=scale, pvthreshd=pvthreshd,
                                       tensor_layout=tensor_layout, return_lse=True)
-    out = [o]
-    if return_lse:
-        out.append(lse)
-    if return_block_map:
-        out += [lut, counts]
-    return out[0] if len(out) == 1 else tuple(out)
+    return assemble(o, lse if return_lse else None, (lut, counts) if return_block_map else None)
 
 
 # ------------------------------------------------------------------------------------------------

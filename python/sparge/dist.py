@@ -26,7 +26,7 @@ import threading
 import torch
 
 from . import _C
-from .api import DEFAULT_BLKK, DEFAULT_BLKQ, TOPK_API_DEFAULTS, _check_block, _layout, _per_head, _scale
+from .api import DEFAULT_BLKK, DEFAULT_BLKQ, TOPK_API_DEFAULTS, _check_block, _layout, _per_head, _scale, assemble
 
 __all__ = ["sparge_attn", "shard", "unshard", "shard_of", "available", "release", "DEFAULT_TIMEOUT"]
 
@@ -219,9 +219,4 @@ def sparge_attn(q, k, v, group=None, topk=None, cdfthreshd=None, simthreshd1=Non
         if "ncclCommAbort" in str(e):
             _drop(key)
         raise
-    out = [o]
-    if return_lse:
-        out.append(lse)
-    if return_block_map:
-        out += [lut, counts]
-    return out[0] if len(out) == 1 else tuple(out)
+    return assemble(o, lse if return_lse else None, (lut, counts) if return_block_map else None)
