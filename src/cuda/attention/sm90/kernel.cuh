@@ -179,8 +179,8 @@ struct Smem {
     return bars() + (b == 0 ? 1 + 4 * Tr::kStages : 3 + 4 * Tr::kStages);
   }
   // Varlen (producer only): the V loads of a block crossing its sequence's end complete here, and the
-  // word after it counts those uses (its phase), so that the producer can zero the rows past the end
-  // before it completes the stage's "full" barrier itself (producer()).
+  // word after it counts those uses (its phase); once they have landed the producer copies zeros over
+  // the rows past the end, and those copies complete the stage's "full" barrier (varlen_fix_v).
   __device__ __forceinline__ std::uint64_t* v_fix() const { return bars() + 4 + 4 * Tr::kStages; }
   __device__ __forceinline__ std::uint32_t* v_fix_uses() const {
     return reinterpret_cast<std::uint32_t*>(bars() + 5 + 4 * Tr::kStages);
@@ -382,8 +382,8 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
     barrier_wait(sm.v_empty(st), parity);
     // Varlen: one tensor map spans the packed sequences, so a block crossing its sequence's end
     // brings the next sequence's first rows. Their scores are masked (P = 0), but 0 * Inf is NaN:
-    // the producer takes such V loads on v_fix, zeroes the rows past the end (the portable kernel's
-    // zero fill) and then completes the stage's "full" barrier itself (varlen_fix_v).
+    // such V loads complete on v_fix, and the producer then copies zeros over the rows past the end
+    // (the portable kernel's zero fill), completing the stage's "full" barrier (varlen_fix_v).
     std::uint64_t* v_bar = sm.v_full(st);
     if constexpr (!Tr::kFp8) {
       if (P.p.cu_seqlens_q != nullptr &&
