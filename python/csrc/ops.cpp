@@ -86,6 +86,19 @@ BlockMapParams block_map_params(const char* op, const at::Tensor& q, const at::T
   return p;
 }
 
+// dense_attention on the views of a (AttentionArgs or VarlenArgs): allocates o / lse and runs.
+template <class Args>
+std::tuple<at::Tensor, at::Tensor> run_dense(const Args& a, const DeviceContext& ctx, bool is_causal, double scale,
+                                             bool return_lse) {
+  DenseAttentionParams p;
+  auto out = a.outputs(p, return_lse);
+  p.scale = static_cast<float>(scale);
+  p.is_causal = is_causal;
+  p.exec = ctx.exec();
+  throw_if_error(dense_attention(p));
+  return out;
+}
+
 // The LUT and the attention parameters of block_sparse_attention (the fixed-length and varlen bindings).
 void set_lut_params(BlockSparseAttentionParams& p, const char* op, const at::Tensor& lut, const at::Tensor& counts,
                     std::int64_t blkq, std::int64_t blkk, bool is_causal, double scale, const PerHeadValues& pv) {
@@ -211,13 +224,7 @@ std::tuple<at::Tensor, at::Tensor> dense_attn(const at::Tensor& q_user, const at
   const AttentionArgs a(op, tensor_layout, q_user, k_user, v_user);
   const DeviceContext ctx(common_device(op, {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}}), op);
 
-  DenseAttentionParams p;
-  auto out = a.outputs(p, return_lse);
-  p.scale = static_cast<float>(scale);
-  p.is_causal = is_causal;
-  p.exec = ctx.exec();
-  throw_if_error(dense_attention(p));
-  return out;
+  return run_dense(a, ctx, is_causal, scale, return_lse);
 }
 
 std::tuple<at::Tensor, at::Tensor> topk_select(const at::Tensor& scores, std::int64_t k) {
@@ -379,13 +386,7 @@ std::tuple<at::Tensor, at::Tensor> dense_attn_varlen(const at::Tensor& q, const 
   const DeviceContext ctx(common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"cu_seqlens_q", &cu_q},
                                              {"cu_seqlens_k", &cu_k}}),
                           op);
-  DenseAttentionParams p;
-  auto out = a.outputs(p, return_lse);
-  p.scale = static_cast<float>(scale);
-  p.is_causal = is_causal;
-  p.exec = ctx.exec();
-  throw_if_error(dense_attention(p));
-  return out;
+  return run_dense(a, ctx, is_causal, scale, return_lse);
 }
 
 std::tuple<at::Tensor, at::Tensor> block_sparse_attn_varlen(

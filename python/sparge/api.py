@@ -89,6 +89,18 @@ def _int32(t, op, name):
     return t
 
 
+def _selection(topk, cdfthreshd, simthreshd1, op):
+    """sparge_attn's block selection: one of topk / cdfthreshd (neither: the topk API's defaults), and
+    simthreshd1=None as upstream's API for the chosen one. Returns (topk, cdfthreshd, simthreshd1)."""
+    if topk is not None and cdfthreshd is not None:
+        raise ValueError(f"{op}: give one of topk = {topk!r} and cdfthreshd = {cdfthreshd!r}, not both")
+    if topk is None and cdfthreshd is None:
+        topk = TOPK_API_DEFAULTS["topk"]
+    if simthreshd1 is None:
+        simthreshd1 = TOPK_API_DEFAULTS["simthreshd1"] if topk is not None else CDF_API_DEFAULTS["simthreshd1"]
+    return topk, cdfthreshd, simthreshd1
+
+
 def _check_block(blk, op, name):
     if not isinstance(blk, numbers.Integral) or isinstance(blk, bool):
         raise ValueError(f"{op}: {name} = {blk!r} (expected 64 or 128)")
@@ -178,12 +190,7 @@ def sparge_attn(q, k, v, topk=None, cdfthreshd=None, simthreshd1=None, pvthreshd
     """
     op = "sparge.sparge_attn"
     _layout(tensor_layout, op)
-    if topk is not None and cdfthreshd is not None:
-        raise ValueError(f"{op}: give one of topk = {topk!r} and cdfthreshd = {cdfthreshd!r}, not both")
-    if topk is None and cdfthreshd is None:
-        topk = TOPK_API_DEFAULTS["topk"]
-    if simthreshd1 is None:
-        simthreshd1 = TOPK_API_DEFAULTS["simthreshd1"] if topk is not None else CDF_API_DEFAULTS["simthreshd1"]
+    topk, cdfthreshd, simthreshd1 = _selection(topk, cdfthreshd, simthreshd1, op)
     b, sq, sk, _ = _dims(q, k, tensor_layout, op)
     blkq, blkk = _check_block(blkq, op, "blkq"), _check_block(blkk, op, "blkk")
     s = _scale(scale, op)
@@ -278,12 +285,7 @@ def sparge_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     selection defaults as sparge_attn). Returns o, then lse if return_lse, then (lut, counts) if
     return_block_map."""
     op = "sparge.sparge_attn_varlen"
-    if topk is not None and cdfthreshd is not None:
-        raise ValueError(f"{op}: give one of topk = {topk!r} and cdfthreshd = {cdfthreshd!r}, not both")
-    if topk is None and cdfthreshd is None:
-        topk = TOPK_API_DEFAULTS["topk"]
-    if simthreshd1 is None:
-        simthreshd1 = TOPK_API_DEFAULTS["simthreshd1"] if topk is not None else CDF_API_DEFAULTS["simthreshd1"]
+    topk, cdfthreshd, simthreshd1 = _selection(topk, cdfthreshd, simthreshd1, op)
     lut, counts = block_map_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, topk=topk,
                                    cdfthreshd=cdfthreshd, simthreshd1=simthreshd1, blkq=blkq, blkk=blkk,
                                    is_causal=is_causal, attention_sink=attention_sink, smooth_k=smooth_k,
