@@ -40,6 +40,22 @@ def _cases(device, layout):
         ("compact_mask", ops.compact_mask, (mask, 50)),
         ("merge_attn", ops.merge_attn, (o, lse, o, lse, layout)),
     ]
+    # Varlen: two packed sequences ([total, H, D], 'HND' = [H, total, D]).
+    cu = torch.tensor([0, 70, 200], dtype=torch.int32, device=device)
+    qp, kp, vp = (torch.randn(200, h, 64, generator=gen).to(device=device, dtype=dtype) for h in (4, 2, 2))
+    if layout == "HND":
+        qp, kp, vp = (t.transpose(0, 1) for t in (qp, kp, vp))
+    lut_v, counts_v = sparge.block_map_varlen(qp, kp, cu, cu, 130, 130, topk=0.5, blkq=64, blkk=64,
+                                              tensor_layout=layout)
+    out.append(("block_map_varlen", ops.block_map_varlen,
+                (qp, kp, cu, cu, 130, 130, [0.5], None, [-0.1], 64, 64, True, False, True, 0.0, layout)))
+    for want_lse in (False, True):
+        tag = "lse" if want_lse else "nolse"
+        out += [
+            (f"dense_attn_varlen_{tag}", ops.dense_attn_varlen, (qp, kp, vp, cu, cu, 130, 130, True, 0.0, layout, want_lse)),
+            (f"block_sparse_attn_varlen_{tag}", ops.block_sparse_attn_varlen,
+             (qp, kp, vp, lut_v, counts_v, cu, cu, 130, 130, 64, 64, False, 0.0, None, layout, want_lse)),
+        ]
     for want_lse in (False, True):
         tag = "lse" if want_lse else "nolse"
         out += [
