@@ -271,6 +271,71 @@ Result check_sparse_vs_oracle(const Ctx& c, const Shape& s, std::uint64_t salt, 
   return res;
 }
 
+// Varlen: packed sequences (one [1, total, H, D] tensor each for q, k, v, cu_seqlens in the backend's
+// memory) through dense_attention on the backend; every sequence's rows and LSE against the fp64
+// oracle run on that sequence alone. Lengths with Sq > Sk, Sk = 1, a single query row, equal lengths.
+Result check_varlen(const Ctx& c, bool causal, std::uint64_t salt) {
+  Result res;
+  const std::vector<std::int64_t> lq = {100, 1, 257, 64}, lk = {130, 77, 257, 1};
+  const std::int64_t hq = 4, hk = 2, d = 64, n = static_cast<std::int64_t>(lq.size());
+  std::vector<Problem> seqs;
+  std::vector<std::int32_t> cu_q = {0}, cu_k = {0};
+  for (std::int64_t s = 0; s < n; ++s) {
+    seqs.push_back(make_problem(c, 1, hq, hk, lq[s], lk[s], d, causal, false, salt + 7 * s));
+    cu_q.push_back(cu_q.back() + static_cast<std::int32_t>(lq[s]));
+    cu_k.push_back(cu_k.back() + static_cast<std::int32_t>(lk[s]));
+  }
+  const std::int64_t tq = cu_q.back(), tk = cu_k.back();
+  const std::int64_t max_q = *std::max_element(lq.begin(), lq.end()), max_k = *std::max_element(lk.begin(), lk.end());
+  // Packed NHD tensors: with b = 1 a sequence's [S, H, D] block is contiguous, so packing concatenates.
+  HostArray q(c.dtype, tq * hq * d), k(c.dtype, tk * hk * d), v(c.dtype, tk * hk * d);
+  for (std::int64_t s = 0; s < n; ++s) {
+    auto* qb = static_cast<unsigned char*>(q.data()) + cu_q[s] * hq * d * dtype_size(c.dtype);
+    auto* kb = static_cast<unsigned char*>(k.data()) + cu_k[s] * hk * d * dtype_size(c.dtype);
+    auto* vb = static_cast<unsigned char*>(v.data()) + cu_k[s] * hk * d * dtype_size(c.dtype);
+    std::memcpy(qb, seqs[s].q.data(), seqs[s].q.bytes());
+    std::memcpy(kb, seqs[s].k.data(), seqs[s].k.bytes());
+    std::memcpy(vb, seqs[s].v.data(), seqs[s].v.bytes());
+  }
+  const Backend be = c.backend;
+  DeviceBuffer dq = DeviceBuffer::mirror(be, q.data(), q.bytes(), "q");
+  DeviceBuffer dk = DeviceBuffer::mirror(be, k.data(), k.bytes(), "k");
+  DeviceBuffer dv = DeviceBuffer::mirror(be, v.data(), v.bytes(), "v");
+  DeviceBuffer dcq = DeviceBuffer::mirror(be, cu_q.data(), cu_q.size() * 4, "cu_seqlens_q");
+  DeviceBuffer dck = DeviceBuffer::mirror(be, cu_k.data(), cu_k.size() * 4, "cu_seqlens_k");
+  HostArray o(c.dtype, tq * hq * d);
+  std::vector<float> lse(static_cast<size_t>(n * hq * max_q));
+  DeviceBuffer dout(be, o.bytes(), "o"), dlse(be, lse.size() * 4, "lse");
+  dout.fill_bytes(0xff);  // NaN: an unwritten row fails
+  DenseAttentionParams a;
+  a.q = make_tensor(dq.data(), c.dtype, {1, tq, hq, d});
+  a.k = make_tensor(dk.data(), c.dtype, {1, tk, hk, d});
+  a.v = make_tensor(dv.data(), c.dtype, {1, tk, hk, d});
+  a.o = make_tensor(dout.data(), c.dtype, {1, tq, hq, d});
+  a.maybe_lse = make_tensor(dlse.data(), DType::f32, {n, hq, max_q});
+  a.varlen = {static_cast<const std::int32_t*>(dcq.data()), static_cast<const std::int32_t*>(dck.data()),
+              static_cast<int>(n), static_cast<int>(max_q), static_cast<int>(max_k)};
+  a.is_causal = causal;
+  a.exec = {be, c.stream->handle(), c.threads};
+  check(dense_attention(a), "dense_attention (varlen)");
+  c.stream->sync("dense_attention (varlen)");
+  dout.download(o.data(), o.bytes());
+  dlse.download(lse.data(), lse.size() * 4);
+  for (std::int64_t s = 0; s < n; ++s) {
+    Problem& p = seqs[static_cast<size_t>(s)];
+    std::vector<float> ro, rl;
+    oracle(p, {}, causal, ro, rl);
+    HostArray os(c.dtype, lq[s] * hq * d);
+    std::memcpy(os.data(), static_cast<const unsigned char*>(o.data()) + cu_q[s] * hq * d * dtype_size(c.dtype), os.bytes());
+    std::vector<float> ls(static_cast<size_t>(hq * lq[s]));
+    for (std::int64_t h = 0; h < hq; ++h)
+      for (std::int64_t i = 0; i < lq[s]; ++i) ls[static_cast<size_t>(h * lq[s] + i)] = lse[static_cast<size_t>((s * hq + h) * max_q + i)];
+    compare(p, os, ls, ro, rl, "sequence " + std::to_string(s) + " vs its own oracle", res);
+  }
+  if (res.pass) res.detail = std::to_string(n) + " packed sequences, each within the dtype's tolerance of its own oracle";
+  return res;
+}
+
 Result check_merge_halves(const Ctx& c, const Shape& s, std::uint64_t salt) {
   Result res;
   Problem p = make_problem(c, s.b, s.hq, s.hk, s.sq, s.sk, s.d, s.causal, s.hnd, salt);
@@ -515,7 +580,7 @@ int run_validate(Args& a) {
   c.threads = static_cast<int>(a.get_int("threads", 0, 0, 4096));
   const bool seed_given = a.has("seed");
   c.seed = seed_given ? a.get_u64("seed", 0) : fresh_seed();
-  const std::string filter = a.get_choice("filter", "all", {"all", "block_map", "sparse", "dense", "merge", "topk", "compact", "gather", "errors"});
+  const std::string filter = a.get_choice("filter", "all", {"all", "block_map", "sparse", "dense", "varlen", "merge", "topk", "compact", "gather", "errors"});
   a.finish();
   Stream stream(c.backend);
   c.stream = &stream;
@@ -540,6 +605,12 @@ int run_validate(Args& a) {
                         [&c, s, salt, u] { return check_gather(c, s, u, salt + 4 + u); }});
     }
     salt += 10;
+  }
+  for (bool causal : {false, true}) {
+    checks.push_back({"varlen", std::string("varlen_vs_each_sequence(lens=100:130/1:77/257:257/64:1,hq=4,hk=2,d=64,causal=") +
+                                    (causal ? "1" : "0") + ")",
+                      [&c, causal, salt] { return check_varlen(c, causal, salt); }});
+    ++salt;
   }
   for (DType dt : {DType::f32, DType::f16}) {
     checks.push_back({"topk", std::string("topk_select_ties(r=48,n=1000,dtype=") + dtype_flag(dt) + ")",
