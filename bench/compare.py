@@ -22,6 +22,10 @@ attention path, forced with SPARGE_ATTN_PATH=portable / =sm90 (src/cuda/attentio
 on every call, so the switch happens in this process): "sparge dense (portable mma.sync)" next to
 "flash SDPA (FA2)" (PERF.md: the portable path >= FlashAttention-2 in the same run).
 
+--varlen adds packed sequences (16 mixed lengths, 32762 tokens, hd128): sparge.dense_attn_varlen against
+torch's varlen_attn (FlashAttention) and SDPA on a jagged nested tensor, non-causal and causal, with the
+max difference to each peer.
+
 --token adds the token-level section (PERF.md): sparge.topk_select against torch.topk on 512 x 131072
 fp32 and fp16 scores, k = 2048 (index sets checked row by row), and sparge.gather_attn at hd128,
 2048 keys per row, lists shared by GQA groups of 64 positions (each row swapping a fraction of its
@@ -206,6 +210,7 @@ class Bench:
         self.args = args
         self.rows = []
         self.token_rows = []
+        self.varlen_rows = []
 
     def time_into(self, row, fn, input_sets, work, unit="TFLOPS", useful=None):
         """Times fn into row (median/min/max, rate = work / median in `unit`); a failure becomes
@@ -481,6 +486,72 @@ def gather_reference_diff(out, q, k, v, lists, rows, scale):
 
 # PERF.md's token-level shapes: topk_select rows x scores; gather_attn problem; the dense reference
 # timed when the attention section has no fp16 d128 non-causal sparge dense row (quick, full).
+# Varlen: 16 sequences of mixed lengths (32762 tokens, about b2 s16384's), as tests/gpu BENCH's varlen rows.
+VARLEN_LENS = (6144, 4096, 4096, 3072, 2048, 2048, 2048, 1536, 1500, 1024, 1024, 1000, 777, 513, 300, 1536)
+
+
+def run_varlen(bench, args):
+    """Packed sequences: sparge.dense_attn_varlen against torch's varlen_attn (FlashAttention) and SDPA on a
+    jagged nested tensor, non-causal and causal, at head dim 128; TFLOPS on each sequence's own pairs."""
+    import sparge
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    h, d, lens = args.h, 128, VARLEN_LENS
+    total, mx = sum(lens), max(lens)
+    print(f"\n== varlen: {len(lens)} sequences, {total} tokens (max {mx}), h{h} d{d} {args.dtype}", flush=True)
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=dtype) for _ in range(3))
+    sets = [(q, k, v)]
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    offsets = cu.to(torch.int64)
+
+    def jagged(t):  # (B, H, j, D) nested view of a packed [T, H, D] tensor
+        return torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2)
+
+    for causal in (False, True):
+        pairs = sum(l * (l + 1) / 2 if causal else l * l for l in lens)
+        work = 4.0 * h * d * pairs
+        extra = {"section": "varlen", "causal": causal, "seqs": len(lens), "tokens": total, "h": h, "d": d,
+                 "dtype": args.dtype}
+        rows = {}
+        tag = "causal" if causal else "non-causal"
+
+        def add(name, backend, fn):
+            row = {"name": f"{name} {tag}", "backend": backend, **extra}
+            bench.time_into(row, fn, sets, work, "TFLOPS")
+            bench.varlen_rows.append(row)
+            rows[name] = (row, fn)
+
+        sp = checked_sparge(lambda q_, k_, v_: sparge.dense_attn_varlen(q_, k_, v_, cu, cu, mx, mx, is_causal=causal))
+        add("sparge dense_attn_varlen", "sparge CUDA dense_attn_varlen", sp)
+        if varlen_attn is not None:
+            win = (-1, 0) if causal else (-1, -1)
+            add("torch varlen_attn", "torch.nn.attention.varlen.varlen_attn (FlashAttention)",
+                lambda q_, k_, v_: varlen_attn(q_, k_, v_, cu, cu, mx, mx, window_size=win))
+        else:
+            bench.varlen_rows.append({"name": f"torch varlen_attn {tag}", "error": "not in this torch", **extra})
+            print(f"  {'torch varlen_attn ' + tag:<42} n/a (not in this torch)")
+        add("SDPA jagged nested", "torch SDPA on nested_tensor_from_jagged (default backend)",
+            lambda q_, k_, v_: F.scaled_dot_product_attention(jagged(q_), jagged(k_), jagged(v_), is_causal=causal))
+        base = rows.get("sparge dense_attn_varlen")
+        for name in ("torch varlen_attn", "SDPA jagged nested"):
+            peer = rows.get(name)
+            if base is None or peer is None or "error" in base[0] or "error" in peer[0]:
+                continue
+            base[0][f"speedup_vs_{name.replace(' ', '_')}"] = peer[0]["median_ms"] / base[0]["median_ms"]
+            try:
+                o_p = peer[1](q, k, v)
+                o_p = o_p.transpose(1, 2).values() if o_p.is_nested else o_p
+                diff = (base[1](q, k, v).float() - o_p.float()).abs().max().item()
+                base[0][f"maxdiff_vs_{name.replace(' ', '_')}"] = diff
+                print(f"  {'':<42} {peer[0]['median_ms'] / base[0]['median_ms']:.2f}x {name}; max |sparge - peer| = "
+                      f"{diff:.2e}{'' if diff < 2e-2 else '  MISMATCH'}")
+            except Exception as e:
+                print(f"  {'':<42} check vs {name} n/a ({reason_of(e)})")
+
+
 TOPK_SHAPE = (512, 131072)
 GATHER_SHAPE = {"b": 1, "hq": 32, "hk": 8, "sq": 1024, "sk": 16384, "d": 128}
 DENSE_REF_SHAPE = ((1, 8, 4096), (2, 32, 16384))
@@ -863,6 +934,9 @@ def parse_args(argv=None):
     ap.add_argument("--token-swap", type=str, default="0.0,0.01,0.1",
                     help="fractions of its group's keys each gather row replaces, comma-separated")
     ap.add_argument("--union-rows", type=int, default=64, help="positions per gather_attn group (union_rows)")
+    ap.add_argument("--varlen", action="store_true",
+                    help="also run the varlen section (packed sequences: sparge.dense_attn_varlen vs torch's "
+                         "varlen_attn and SDPA on a jagged nested tensor)")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
     args = ap.parse_args(argv)
     if args.quick:
@@ -919,6 +993,12 @@ def main(argv=None):
             except Exception as e:  # keep the other configurations
                 print(f"configuration d{d} causal={causal} failed: {type(e).__name__}: {e}")
                 traceback.print_exc()
+    if args.varlen:
+        try:
+            run_varlen(bench, args)
+        except Exception as e:
+            print(f"varlen section failed: {reason_of(e)}")
+            traceback.print_exc()
     if args.token:
         try:
             run_token(bench, args)
@@ -930,7 +1010,8 @@ def main(argv=None):
     fill_speedups(bench.rows)
     json_path = os.path.join(args.out, f"compare_{stamp}.json")
     with open(json_path, "w") as f:
-        json.dump({"meta": meta, "rows": bench.rows, "token_rows": bench.token_rows}, f, indent=1)
+        json.dump({"meta": meta, "rows": bench.rows, "token_rows": bench.token_rows, "varlen_rows": bench.varlen_rows},
+                  f, indent=1)
     plots = []
     if bench.rows:
         try:
