@@ -29,20 +29,34 @@ class Bar:
 class Copies:
     """The producer's copies in flight: they land in issue order (conservative: a random number of
     them at each scheduling step), each into its buffer slot, which no reader may hold then, and
-    arrive on their barrier (noinc) when they land."""
-    def __init__(s, rnd): s.rnd, s.pending = rnd, []
+    arrive on their barrier (noinc) when they land. `source` (union=True): a copy of tile t reads its
+    union keys / mask words from union buffer t % 2 when it lands (cp.async reads its source after
+    issue), which must still hold tile t's union then."""
+    def __init__(s, rnd): s.rnd, s.pending, s.source = rnd, [], None
     def issue(s, buf, readers, slot, value, bar, what): s.pending.append((buf, readers, slot, value, bar, what))
     def land_some(s):
         while s.pending and s.rnd.random() < 0.5:
-            buf, readers, slot, value, bar, what = s.pending.pop(0)
-            assert readers[slot] == 0, f"WAR: {what} written while read ({value})"
-            buf[slot] = value
-            if bar is not None: bar.arrive()
+            s.land_one()
+    def land_one(s):
+        buf, readers, slot, value, bar, what = s.pending.pop(0)
+        assert readers[slot] == 0, f"WAR: {what} written while read ({value})"
+        if s.source is not None and isinstance(value, tuple):
+            t = value[0]
+            assert s.source[t % 2] == t, f"stale union: {what} of tile {t} read union buffer {t % 2} = tile {s.source[t % 2]}"
+        buf[slot] = value
+        if bar is not None: bar.arrive()
+    def of_tile(s, t):
+        return any(isinstance(v, tuple) and v[0] == t for (_, _, _, v, _, _) in s.pending)
 
 # One CTA's walk over the tiles nblks (steps each; the per-tile kernel: one tile, persistent False).
 # mode: the producer's 'noinc' or 'wait' completion (the persistent walk is planned with noinc only).
-def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None, limit=200000):
+# union=True (session 15, a plan for the fused union of docs/token_sparse.md): the producer builds tile
+# i + 1's union into buffer (i + 1) % 2 during tile i (after tile i's first stage), which tile i - 1's
+# copies read as their source until they land: before the build it waits until no copy of tile i - 1 is
+# in flight (cp.async.wait_all of its own copies in the kernel); mutation 'union_no_wait' skips that.
+def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None, limit=200000, union=False):
     assert mode == 'noinc' or not persistent
+    assert not union or persistent
     rnd = random.Random(seed)
     kf = [Bar(1) for _ in range(stages)]; vf = [Bar(1) for _ in range(stages)]
     ke = [Bar(C) for _ in range(stages)]; ve = [Bar(C) for _ in range(stages)]
@@ -51,10 +65,18 @@ def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None,
     kread = [0]*stages; vread = [0]*stages          # readers in flight
     qbuf = [None]; qread = [0]                      # Q: its tile; QK^T / epilogue users
     copies = Copies(rnd)
+    if union:
+        copies.source = [0, None]  # tile 0's union, built before the loop (the kernel's first-tile step)
     tokens = {2: 0, 3: 0}
+    def build_union(t):  # tile t's union into buffer t % 2, once tile t - 2's copies have all landed
+        if mutation != 'union_no_wait':
+            while copies.of_tile(t - 2): yield
+        copies.source[t % 2] = t
     def producer():
         b, phase, bprev = 0, 0, 0
         for i, nblk in enumerate(nblks):
+            if union and nblk == 0 and i + 1 < len(nblks):
+                yield from build_union(i + 1)
             def load_q():  # persistent: tile i's Q, after q_empty of tile i - 1
                 if i > 0 and mutation != 'q_no_wait':
                     while not qe.ready((i - 1) & 1): yield
@@ -70,6 +92,8 @@ def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None,
                     vf[bprev].arrive()
                 if persistent and blk == 0:
                     yield from load_q()
+                if union and blk == 0 and i + 1 < len(nblks):
+                    yield from build_union(i + 1)
                 while not ve[b].ready(phase ^ 1): yield
                 copies.issue(vbuf, vread, b, (i, blk), vf[b] if mode == 'noinc' else None, f"v{b}")
                 if mode == 'wait':
@@ -172,15 +196,26 @@ for stages in range(2, 7):
                 run(stages, nblks, C, 'noinc', pp, seed, persistent=True, limit=400000); m += 1
 print("ok", m, "persistent runs")
 
+u = 0
+for stages in range(2, 7):
+    for C in (1, 2):
+        for seed in range(40):
+            rnd = random.Random(seed * 977 + stages)
+            nblks = [rnd.choice([0, 1, 2, 3, 5, 9]) for _ in range(rnd.randint(1, 6))]
+            run(stages, nblks, C, 'noinc', True, seed, persistent=True, limit=400000, union=True); u += 1
+print("ok", u, "persistent runs with the union built in the producer")
+
 # Mutations that must fail: the producer's Q copy without waiting for q_empty, a consumer releasing
-# the Q tile before its staged epilogue, the consumers restarting the ring at every tile.
-for mutation in ('q_no_wait', 'q_early_release', 'ring_reset'):
+# the Q tile before its staged epilogue, the consumers restarting the ring at every tile, the union
+# of tile i + 1 built while copies of tile i - 1 (which read that buffer) are still in flight.
+for mutation in ('q_no_wait', 'q_early_release', 'ring_reset', 'union_no_wait'):
     failed = 0
     for seed in range(200):
         rnd = random.Random(seed)
         nblks = [rnd.choice([0, 1, 2, 3, 5]) for _ in range(rnd.randint(2, 5))]
         try:
-            run(rnd.randint(2, 4), nblks, rnd.choice((1, 2)), 'noinc', True, seed, persistent=True, mutation=mutation, limit=400000)
+            run(rnd.randint(2, 4), nblks, rnd.choice((1, 2)), 'noinc', True, seed, persistent=True, mutation=mutation,
+                limit=400000, union=mutation == 'union_no_wait')
         except (AssertionError, RuntimeError):
             failed += 1
     assert failed > 0, f"the mutation {mutation} was not caught"
