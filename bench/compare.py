@@ -993,17 +993,13 @@ def main(argv=None):
             except Exception as e:  # keep the other configurations
                 print(f"configuration d{d} causal={causal} failed: {type(e).__name__}: {e}")
                 traceback.print_exc()
-    if args.varlen:
+    for wanted, section, label in ((args.varlen, run_varlen, "varlen"), (args.token, run_token, "token-level")):
+        if not wanted:
+            continue
         try:
-            run_varlen(bench, args)
-        except Exception as e:
-            print(f"varlen section failed: {reason_of(e)}")
-            traceback.print_exc()
-    if args.token:
-        try:
-            run_token(bench, args)
-        except Exception as e:
-            print(f"token-level section failed: {reason_of(e)}")
+            section(bench, args)
+        except Exception as e:  # keep the rest of the run
+            print(f"{label} section failed: {reason_of(e)}")
             traceback.print_exc()
 
     os.makedirs(args.out, exist_ok=True)
