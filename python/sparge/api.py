@@ -286,13 +286,15 @@ def sparge_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     return_block_map."""
     op = "sparge.sparge_attn_varlen"
     topk, cdfthreshd, simthreshd1 = _selection(topk, cdfthreshd, simthreshd1, op)
-    lut, counts = block_map_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, topk=topk,
-                                   cdfthreshd=cdfthreshd, simthreshd1=simthreshd1, blkq=blkq, blkk=blkk,
-                                   is_causal=is_causal, attention_sink=attention_sink, smooth_k=smooth_k,
-                                   tensor_layout=tensor_layout, scale=scale)
-    o, lse = block_sparse_attn_varlen(q, k, v, lut, counts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                      blkq=blkq, blkk=blkk, is_causal=is_causal, scale=scale, pvthreshd=pvthreshd,
-                                      tensor_layout=tensor_layout, return_lse=True)
+    cq, ck, mq, mk = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, tensor_layout, op)
+    blkq, blkk = _check_block(blkq, op, "blkq"), _check_block(blkk, op, "blkk")
+    s = _scale(scale, op)
+    lut, counts = _ops.block_map_varlen(q, k, cq, ck, mq, mk, _per_head(topk, op, "topk"),
+                                        _per_head(cdfthreshd, op, "cdfthreshd"),
+                                        _per_head(simthreshd1, op, "simthreshd1"), blkq, blkk, bool(is_causal),
+                                        bool(attention_sink), bool(smooth_k), s, tensor_layout)
+    o, lse = _ops.block_sparse_attn_varlen(q, k, v, lut, counts, cq, ck, mq, mk, blkq, blkk, bool(is_causal), s,
+                                           _per_head(pvthreshd, op, "pvthreshd"), tensor_layout, bool(return_lse))
     return assemble(o, lse if return_lse else None, (lut, counts) if return_block_map else None)
 
 

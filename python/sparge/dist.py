@@ -26,7 +26,7 @@ import threading
 import torch
 
 from . import _C
-from .api import DEFAULT_BLKK, DEFAULT_BLKQ, TOPK_API_DEFAULTS, _check_block, _layout, _per_head, _scale, assemble
+from .api import DEFAULT_BLKK, DEFAULT_BLKQ, _check_block, _layout, _per_head, _scale, _selection, assemble
 
 __all__ = ["sparge_attn", "shard", "unshard", "shard_of", "available", "release", "DEFAULT_TIMEOUT"]
 
@@ -190,12 +190,7 @@ def sparge_attn(q, k, v, group=None, topk=None, cdfthreshd=None, simthreshd1=Non
             raise ValueError(f"{op}: {name} must be a 4-D tensor")
         if not t.is_cuda:
             raise ValueError(f"{op}: {name} is on {t.device} (expected CUDA tensors, one GPU per rank)")
-    if topk is not None and cdfthreshd is not None:
-        raise ValueError(f"{op}: give one of topk = {topk!r} and cdfthreshd = {cdfthreshd!r}, not both")
-    if topk is None and cdfthreshd is None:
-        topk = TOPK_API_DEFAULTS["topk"]
-    if simthreshd1 is None:
-        simthreshd1 = -0.1 if topk is not None else 0.6
+    topk, cdfthreshd, simthreshd1 = _selection(topk, cdfthreshd, simthreshd1, op)
     t = float(timeout)
     if not math.isfinite(t) or t <= 0.0:
         raise ValueError(f"{op}: timeout = {timeout!r} (expected a finite number of seconds > 0)")
