@@ -298,8 +298,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) one_pass_kernel(con
     }
     __syncthreads();  // every read of the lists is done before the fallback reuses the bytes
   }
+  // The two-pass default in the same bytes: prefetching on contiguous rows, every key counted.
   RowSmem& two = smu.two;
-  two_pass_row<T, kVec, kLoads, (kVec > 1), false>(a, two.hist, two.cand_col, two.cand_key, two.scan_storage, two.sel);  // prefetching on contiguous rows, as the two-pass default
+  two_pass_row<T, kVec, kLoads, (kVec > 1), false>(a, two.hist, two.cand_col, two.cand_key, two.scan_storage, two.sel);
 }
 
 }  // namespace sparge::cuda::topk

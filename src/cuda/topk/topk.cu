@@ -74,7 +74,7 @@ template <class T, int kVec>
 void pick_kernel(TopkPlan& plan, int variant) {
   constexpr int kBytes16 = kVec * static_cast<int>(sizeof(T)) / 16;  // 16-byte loads per kVec (1 or 0)
   plan.threads = topk::kThreads;
-  if (variant == 0) {  // one read of the row: 8 scores per thread and step (f16 with 16 spills in the loop)
+  if (variant == 0) {  // one read of the row, 8 scores per thread and step (16 f16 scores spilled in the loop)
     plan.kernel = topk::one_pass_kernel<T, kVec, kBytes16 == 0 ? 8 : 8 / kVec>;
     plan.smem = topk::kOnePassSmemBytes;
     return;
