@@ -70,6 +70,28 @@ def time_cuda(fn, input_sets, warmup, iters):
     return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "runs": len(ms)}
 
 
+def time_ab(fa, fb, input_sets, warmup, rounds):
+    """Medians of fa and fb timed in alternation, A B B A A B ...: each call on its own CUDA events,
+    so that clock and temperature drift over the run falls on both (a block of one peer's runs
+    followed by a block of the other's does not give them the same conditions)."""
+    for i in range(warmup):
+        fa(*input_sets[i % len(input_sets)])
+        fb(*input_sets[i % len(input_sets)])
+    torch.cuda.synchronize()
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(rounds)]
+    for i in range(rounds):
+        args = input_sets[i % len(input_sets)]
+        order = ((fa, 0), (fb, 2)) if i % 2 == 0 else ((fb, 2), (fa, 0))
+        for fn, at in order:
+            ev[i][at].record()
+            fn(*args)
+            ev[i][at + 1].record()
+    torch.cuda.synchronize()
+    ta = [e[0].elapsed_time(e[1]) for e in ev]
+    tb = [e[2].elapsed_time(e[3]) for e in ev]
+    return statistics.median(ta), statistics.median(tb)
+
+
 def make_input_sets(b, h, s, d, dtype, n_max_sets=4):
     one_set = 3 * b * h * s * d * torch.finfo(dtype).bits // 8
     n = 1 if one_set > L2_BYTES else min(n_max_sets, max(2, math.ceil(3 * L2_BYTES / one_set)))
@@ -211,6 +233,7 @@ class Bench:
         self.rows = []
         self.token_rows = []
         self.varlen_rows = []
+        self.ab_rows = []
 
     def time_into(self, row, fn, input_sets, work, unit="TFLOPS", useful=None):
         """Times fn into row (median/min/max, rate = work / median in `unit`); a failure becomes
@@ -242,6 +265,25 @@ class Bench:
         row.update(extra or {})
         self.time_into(row, fn, input_sets, flops_dense, "TFLOPS", flops_useful)
         self.rows.append(row)
+        return row
+
+    def add_ab(self, cfg, name, peer, fa, fb, input_sets, target, extra=None):
+        """--ab: the peer (fa) and sparge (fb) timed in alternation; the row keeps both medians and
+        ratio = peer / sparge."""
+        if not self.args.ab:
+            return None
+        row = dict(cfg)
+        row.update({"name": name, "kind": "ab", "peer": peer, "target": target})
+        row.update(extra or {})
+        try:
+            ma, mb = time_ab(fa, fb, input_sets, self.args.warmup, self.args.ab)
+            row.update({"peer_ms": ma, "sparge_ms": mb, "ratio": ma / mb, "rounds": self.args.ab})
+            print(f"  {name:<42} A/B x{self.args.ab}: {peer} {ma:.3f} ms, sparge {mb:.3f} ms, "
+                  f"ratio {ma / mb:.3f}", flush=True)
+        except Exception as e:
+            row["error"] = reason_of(e)
+            print(f"  {name:<42} A/B n/a ({row['error']})", flush=True)
+        self.ab_rows.append(row)
         return row
 
     def add_token(self, name, backend, fn, input_sets, work, unit, extra=None):
@@ -297,6 +339,9 @@ def run_config(bench, args, d, causal):
         diff = max_diff(sp_dense(q0, k0, v0), peer_sdpa("CUDNN_ATTENTION", causal)(q0, k0, v0))
         row["maxdiff_vs_cudnn"] = diff
         print(f"  {'':<42} max |sparge - cuDNN| = {diff:.2e}{'' if diff < 2e-2 else '  MISMATCH'}")
+    if "error" not in row and "error" not in cudnn:
+        bench.add_ab(cfg, "sparge dense vs cuDNN SDPA", "cuDNN", peer_sdpa("CUDNN_ATTENTION", causal), sp_dense,
+                     sets, 1.05 if d == 128 and not causal else 1.0)
     if args.paths:
         for path, label in PATHS:
             with attn_path(path):
@@ -410,6 +455,10 @@ def run_config(bench, args, d, causal):
                 frow["maxdiff_vs_sparge"] = diff
                 print(f"  {'':<42} max |sparge - flex| on the same LUT = {diff:.2e}"
                       f"{'' if diff < 2e-2 else '  MISMATCH'}")
+                bench.add_ab(cfg, f"sparge kernel {fb}x{fb} vs FlexAttention topk={topk}", "FlexAttention",
+                             peer_flex(bmask), checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
+                                 q, k, v, flut, fcounts, blkq=fb, blkk=fb, is_causal=causal)),
+                             sets, 1.4, extra=dict(extra, density=fdens))
         except Exception as e:
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
             bench.rows.append(dict(cfg, **extra, name=f"FlexAttention {fb}x{fb} topk={topk}", kind=f"flex{fb}",
@@ -770,7 +819,7 @@ def verdict(value, target):
     return "n/a" if value is None else ("PASS" if value >= target else "FAIL")
 
 
-def print_targets(rows, token_rows):
+def print_targets(rows, token_rows, ab_rows=()):
     """PERF.md targets that this run can decide, as same-run ratios."""
     lines = []
     configs = []
@@ -808,6 +857,11 @@ def print_targets(rows, token_rows):
                     x = flex["median_ms"] / r["median_ms"]
                     lines.append(f"{r['name'].strip()} / FlexAttention same LUT, {tag}: {x:.2f}x  (>= 1.40x) "
                                  f"{verdict(x, 1.4)}")
+    for r in ab_rows:
+        if "ratio" in r and (r.get("topk") in (None, 0.4, 0.1)):
+            tag = f"d{r['d']} {'causal' if r['causal'] else 'non-causal'}"
+            lines.append(f"{r['name']}, {tag}, interleaved A/B x{r['rounds']}: {r['ratio']:.2f}x  "
+                         f"(>= {r['target']:.2f}x) {verdict(r['ratio'], r['target'])}")
     for r in token_rows:
         if r.get("kind") == "topk" and r.get("impl") == "sparge":
             x = r.get("speedup_vs_torch_topk")
@@ -937,6 +991,9 @@ def parse_args(argv=None):
     ap.add_argument("--varlen", action="store_true",
                     help="also run the varlen section (packed sequences: sparge.dense_attn_varlen vs torch's "
                          "varlen_attn and SDPA on a jagged nested tensor)")
+    ap.add_argument("--ab", type=int, default=0, metavar="N",
+                    help="also time the acceptance pairs (cuDNN vs sparge dense, FlexAttention vs the sparge kernel "
+                         "on its LUT) in alternation, N calls each (A B B A ...), and print those ratios too")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
     args = ap.parse_args(argv)
     if args.quick:
@@ -1006,7 +1063,8 @@ def main(argv=None):
     fill_speedups(bench.rows)
     json_path = os.path.join(args.out, f"compare_{stamp}.json")
     with open(json_path, "w") as f:
-        json.dump({"meta": meta, "rows": bench.rows, "token_rows": bench.token_rows, "varlen_rows": bench.varlen_rows},
+        json.dump({"meta": meta, "rows": bench.rows, "token_rows": bench.token_rows, "varlen_rows": bench.varlen_rows,
+                   "ab_rows": bench.ab_rows},
                   f, indent=1)
     plots = []
     if bench.rows:
@@ -1018,7 +1076,7 @@ def main(argv=None):
     if bench.rows:
         print_table(bench.rows)  # the table, the token table and the targets are the last things printed
     print_token_table(bench.token_rows, bench.rows)
-    print_targets(bench.rows, bench.token_rows)
+    print_targets(bench.rows, bench.token_rows, bench.ab_rows)
 
 
 if __name__ == "__main__":

@@ -1167,16 +1167,40 @@ SPARGE_CASES(AttentionGpuProperties) {
     EXPECT_TRUE(persistent_mc[0] == persistent_mc[1]) << "the persistent multicast launch differs between relaunches";
     EXPECT_TRUE(persistent_mc[0] == plain[0]) << "persistent + multicast differs from one tile per CTA";
   }});
+  // Causal dense on the 176 tile (session 16): persistent CTAs on the paired order of
+  // causal_pair_slot, with multicast, against one tile per CTA (bit 131072; multicast stays on, so
+  // both walk the same blocks per tile): bitwise the same O and LSE. 512 tiles on 132 CTAs: one whole
+  // round pair, the rest in the leftover layout; the last round (116 tiles) is not split (n < 2).
+  cases.push_back({"DENSE_CAUSAL_PAIRS(dt=f16,b=2,hq=16,hk=4,sq=2048,sk=2048,d=128,causal=1)", [] {
+    if (!have_gpu()) GTEST_SKIP() << "no GPU";
+    if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the 176 tile is the sm90 kernel's)";
+    Cfg c;
+    c.dt = DType::f16; c.b = 2; c.hq = 16; c.hk = 4; c.sq = 2048; c.sk = 2048; c.d = 128; c.causal = true;
+    c.lut = Lut::dense_api;
+    Problem p = make_problem(c);
+    std::vector<std::vector<std::uint32_t>> paired, plain;
+    p.c.variant = 0;  // the defaults, whatever SPARGE_SM90_VARIANT the run has
+    EXPECT_TRUE(run_gpu(p, 2, &paired).guards);
+    p.c.variant = 131072;
+    EXPECT_TRUE(run_gpu(p, 1, &plain).guards);
+    ASSERT_EQ(paired.size(), 2u);
+    ASSERT_EQ(plain.size(), 1u);
+    EXPECT_TRUE(paired[0] == paired[1]) << "the paired persistent launch differs between relaunches";
+    EXPECT_TRUE(paired[0] == plain[0]) << "the paired persistent launch differs from one tile per CTA";
+  }});
   // The split tail where the default launch makes it: 144 query tiles on an H200's 132 persistent CTAs
   // (66 clusters for the dense 176 tile) leave 12 for a last round, each cut into chunks (dense: min(132 /
   // 12, 24 / 4) = 6 of its 176-key tiles; LUT: min(11, NK / 4) = 8 or 11 of its entries). Against the
   // same kernel without the split (bit 16384): the same keys in another summation order, so within a
   // few fp16 units of O and 1e-5 of the LSE; and bitwise the same over relaunches.
-  for (int blkk : {0, 64, 128}) {
+  // Causal dense (blkk -1, session 16: the paired order's last round, 12 light tiles of 1024 / 4096
+  // rows, split in 2 chunks each): the same check.
+  for (int blkk : {0, -1, 64, 128}) {
     Cfg c;
     c.dt = DType::f16; c.b = 1; c.hq = 18; c.hk = 6; c.sq = 1024; c.sk = 4096; c.d = 128; c.o_f32 = false;
-    if (blkk == 0) {
+    if (blkk <= 0) {
       c.lut = Lut::dense_api;
+      c.causal = blkk < 0;
     } else {
       c.lut = Lut::random; c.blkq = 128; c.blkk = blkk; c.density = 0.5;
     }

@@ -62,7 +62,7 @@ int variant_bits(int unset) {
   if (e == nullptr) return unset;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 0);
-  return end != e && v >= 0 && v < 131072 ? static_cast<int>(v) : 0;
+  return end != e && v >= 0 && v < 262144 ? static_cast<int>(v) : 0;
 }
 
 DenseTile dense_tile(int head_dim) {
@@ -228,6 +228,20 @@ __global__ void __launch_bounds__(kOrderThreads) order_kernel(const __grid_const
 
 cudaError_t order_tiles_by_count(const KernelParams& p, int num_tiles, std::int32_t* order, cudaStream_t stream) {
   order_kernel<<<1, kOrderThreads, 0, stream>>>(p, num_tiles, order);
+  return cudaGetLastError();
+}
+
+namespace {
+__global__ void causal_pairs_kernel(int num_tiles, int nq, int grid, int g, std::int32_t* order) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < num_tiles) order[causal_pair_slot(t, nq, num_tiles / nq, grid, g)] = t;
+}
+}  // namespace
+
+cudaError_t order_tiles_causal_pairs(int num_tiles, int nq, int grid, int g, std::int32_t* order, cudaStream_t stream) {
+  if (nq <= 0 || num_tiles % nq != 0 || g < 1 || grid < g || grid % g != 0 || nq % g != 0) return cudaErrorInvalidValue;
+  constexpr int kThreads = 256;
+  causal_pairs_kernel<<<(num_tiles + kThreads - 1) / kThreads, kThreads, 0, stream>>>(num_tiles, nq, grid, g, order);
   return cudaGetLastError();
 }
 

@@ -1329,13 +1329,16 @@ __global__ void __launch_bounds__(32 * kCombineWarps) split_combine(const __grid
 // the running max of the whole row) nor causal masking (not persistent). Returns the chunks per tile
 // (0: no split); the test hook (bit 32768) splits every tile in 3.
 template <class Tr>
-int split_chunks(const Sm90Params& q, int num_tiles, int ctas, int* split_from) {
+int split_chunks(const Sm90Params& q, int num_tiles, int ctas, bool causal_pairs, int* split_from) {
   if (q.p.use_pv_threshold) return 0;
   if ((q.variant & kVariantSplitTest) != 0) {
     *split_from = 0;
     return 3;
   }
-  if ((q.variant & kVariantNoSplit) != 0 || q.p.is_causal || ctas <= 0 || ctas >= num_tiles) return 0;
+  // Causal: only on the paired order (causal_pair_slot), whose last round holds the leftover units.
+  if ((q.variant & kVariantNoSplit) != 0 || (q.p.is_causal && !causal_pairs) || ctas <= 0 || ctas >= num_tiles) {
+    return 0;
+  }
   const int tail = num_tiles % ctas;
   const int blocks = q.p.lut != nullptr ? q.p.nk_lut : (q.p.seq_k + Tr::kBlockK - 1) / Tr::kBlockK;
   const int most = blocks / 4 > 2 ? blocks / 4 : 2;
@@ -1376,8 +1379,14 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   // The dense-only 176-key tile (non-causal) too, with the multicast below: session 13, H200, b2 h32
   // s16384 d128, two interleaved repeats: 597.0 / 595.6 TFLOPS plain, 600.5 / 600.8 persistent,
   // 606.6 / 612.6 multicast, 611.5 / 611.9 both (docs/attention_sm90.md, "Session 13").
-  bool persistent = !p.p.is_causal && Tr::kBlockQ >= 128 && (!Tr::kPair || Tr::kHeadDim == 128) &&
-                    (p.p.lut != nullptr || Tr::kHeadDim == 64 || Tr::kDenseOnly);
+  // Causal dense on the 176-key tile (session 16): persistent on the paired order of causal_pair_slot
+  // (heavy and light query blocks of one head in consecutive rounds), not on the plain striding that
+  // lost 11%; bit 131072 returns to one CTA per tile. Not with varlen (its tiles past a sequence's end
+  // are holes in the balance).
+  const bool causal_pairs = Tr::kDenseOnly && p.p.is_causal && p.p.lut == nullptr && p.p.cu_seqlens_q == nullptr &&
+                            (p.variant & kVariantNoCausalPairs) == 0;
+  bool persistent = ((!p.p.is_causal && Tr::kBlockQ >= 128 && (!Tr::kPair || Tr::kHeadDim == 128) &&
+                      (p.p.lut != nullptr || Tr::kHeadDim == 64 || Tr::kDenseOnly)) || causal_pairs);
   if ((p.variant & kVariantPersistent) != 0) persistent = true;
   if ((p.variant & kVariantNoPersistent) != 0) persistent = false;
   int grid = num_tiles;
@@ -1397,10 +1406,23 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
                   Tr::kMayMulticast && p.p.nq % 2 == 0 && num_tiles % 2 == 0 && p.p.cu_seqlens_q == nullptr;
   // The split tail (Traits::kSplit): the chunks' partial results in one stream-ordered scratch.
   ScopedScratch part(stream);
+  // The causal pairs' order for a persistent grid of `ctas` CTAs in clusters of g; without it (no
+  // scratch, or the grid covers every tile) the tiles keep index order, whose striding is correct
+  // but unbalanced.
+  bool paired = false;
+  const auto plan_order = [&](int ctas, int g) {
+    if (!causal_pairs || !persistent || ctas >= num_tiles || p.p.nq % g != 0 || ctas % g != 0) return;
+    if (order.alloc(sizeof(std::int32_t) * num_tiles) == cudaSuccess &&
+        order_tiles_causal_pairs(num_tiles, p.p.nq, ctas, g, order.as<std::int32_t>(), stream) == cudaSuccess) {
+      q.order = order.as<std::int32_t>();
+      paired = true;
+    }
+    cudaGetLastError();
+  };
   const auto plan_split = [&](int ctas) {
     if constexpr (Tr::kSplit) {
       int from = 0;
-      const int n = split_chunks<Tr>(q, num_tiles, ctas, &from);
+      const int n = split_chunks<Tr>(q, num_tiles, ctas, paired, &from);
       if (n == 0) return;
       const std::int64_t units = static_cast<std::int64_t>(num_tiles - from) * n;
       const std::int64_t floats = units * Tr::kBlockQ * (Tr::kHeadDim + 1);
@@ -1439,13 +1461,18 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
       cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters));
     }
     cudaGetLastError();
+    plan_order(static_cast<int>(cfg.gridDim.x), 2);
     plan_split(static_cast<int>(cfg.gridDim.x));
     if (cudaLaunchKernelEx(&cfg, kernel, q) != cudaSuccess) {
       cudaGetLastError();  // clusters refused: the plain launch below (the same slots, one CTA each)
       q.multicast = 0;
+      // The order and the split tail planned for the cluster grid stay correct on this one (every
+      // slot is walked once; work_at and split_combine read the cluster size from q.multicast),
+      // only their balance is the cluster grid's.
       kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
     }
   } else {
+    plan_order(grid, 1);
     plan_split(grid);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q);
   }

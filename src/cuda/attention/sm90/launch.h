@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/attention/params.h"
+#include "cuda/attention/sm90/schedule.h"
 
 namespace sparge::cuda::attn::sm90 {
 
@@ -70,6 +71,8 @@ constexpr int kVariantNoSplit = 16384;      // persistent launches without the s
 constexpr int kVariantSplitTest = 32768;    // test hook: every query tile's key blocks or LUT entries in 3 chunks
                                             // (combined by LSE), whatever the launch shape (not with pv_threshold)
 constexpr int kVariantNoCausalMulticast = 65536;  // causal dense 176 tile: no K/V multicast (the default before session 15)
+constexpr int kVariantNoCausalPairs = 131072;     // causal dense 176 tile: one CTA per tile (the default before session
+                                                  // 16) instead of persistent CTAs on the paired order below
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT, head dim 64 or the dense 176-key tile (docs/attention_sm90.md: round 4, the
 // paired LUT since session 3, the 176 tile since session 13).
@@ -90,6 +93,9 @@ DenseTile dense_tile(int head_dim);
 // LUT row, longest first, stably within a power-of-two length class (neighbouring tiles of one
 // head stay together, for L2 reuse of its K and V). One CTA; p.lut must be set.
 cudaError_t order_tiles_by_count(const KernelParams& p, int num_tiles, std::int32_t* order, cudaStream_t stream);
+
+// Writes order[causal_pair_slot(t)] = t for every tile t of heads * nq.
+cudaError_t order_tiles_causal_pairs(int num_tiles, int nq, int grid, int g, std::int32_t* order, cudaStream_t stream);
 
 // One consumer warpgroup per 64 query rows plus one producer warpgroup.
 constexpr int consumer_warpgroups(int blkq) { return blkq / 64; }
