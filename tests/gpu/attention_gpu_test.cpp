@@ -832,6 +832,8 @@ void bench_attention() {
     DenseAttentionParams d;
     d.q = t64(dq.data()); d.k = t64(dk.data()); d.v = t64(dv.data()); d.o = t64(dout.data()); d.exec = ex;
     run_paths("dense d=64", dense_flops / 2, [&] { return dense_attention(d); });
+    d.is_causal = true;
+    run_paths("dense d=64 causal", dense_flops / 4, [&] { return dense_attention(d); });
   }
   if (dense_only) return;
   {  // Skewed LUT (blkq = blkk = 128): 10% of the query blocks dense, the rest at density 0.05.
@@ -1171,17 +1173,22 @@ SPARGE_CASES(AttentionGpuProperties) {
   // causal_pair_slot, with multicast, against one tile per CTA (bit 131072; multicast stays on, so
   // both walk the same blocks per tile): bitwise the same O and LSE. 512 tiles on 132 CTAs: one whole
   // round pair, the rest in the leftover layout; the last round (116 tiles) is not split (n < 2).
-  cases.push_back({"DENSE_CAUSAL_PAIRS(dt=f16,b=2,hq=16,hk=4,sq=2048,sk=2048,d=128,causal=1)", [] {
+  // Head dim 64 (the 192 x 128 tile: 11 query blocks per head, odd, so each head's middle one goes to
+  // the leftover slots; no multicast) and hd128 with bit 4096 (128 x 128) the same way.
+  for (int d : {128, 64, -128})
+  cases.push_back({"DENSE_CAUSAL_PAIRS(dt=f16,b=2,hq=16,hk=4,sq=2048,sk=2048,d=" + std::to_string(d < 0 ? -d : d) +
+                   ",causal=1" + (d < 0 ? ",v=4096)" : ")"), [d] {
     if (!have_gpu()) GTEST_SKIP() << "no GPU";
     if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the 176 tile is the sm90 kernel's)";
     Cfg c;
-    c.dt = DType::f16; c.b = 2; c.hq = 16; c.hk = 4; c.sq = 2048; c.sk = 2048; c.d = 128; c.causal = true;
+    c.dt = DType::f16; c.b = 2; c.hq = 16; c.hk = 4; c.sq = 2048; c.sk = 2048; c.d = d < 0 ? -d : d; c.causal = true;
     c.lut = Lut::dense_api;
     Problem p = make_problem(c);
     std::vector<std::vector<std::uint32_t>> paired, plain;
-    p.c.variant = 0;  // the defaults, whatever SPARGE_SM90_VARIANT the run has
+    const int base = d < 0 ? 4096 : 0;
+    p.c.variant = base;  // the defaults (or the 128 x 128 tile), whatever SPARGE_SM90_VARIANT the run has
     EXPECT_TRUE(run_gpu(p, 2, &paired).guards);
-    p.c.variant = 131072;
+    p.c.variant = base | 131072;
     EXPECT_TRUE(run_gpu(p, 1, &plain).guards);
     ASSERT_EQ(paired.size(), 2u);
     ASSERT_EQ(plain.size(), 1u);

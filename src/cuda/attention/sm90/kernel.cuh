@@ -1379,12 +1379,12 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   // The dense-only 176-key tile (non-causal) too, with the multicast below: session 13, H200, b2 h32
   // s16384 d128, two interleaved repeats: 597.0 / 595.6 TFLOPS plain, 600.5 / 600.8 persistent,
   // 606.6 / 612.6 multicast, 611.5 / 611.9 both (docs/attention_sm90.md, "Session 13").
-  // Causal dense on the 176-key tile (session 16): persistent on the paired order of causal_pair_slot
-  // (heavy and light query blocks of one head in consecutive rounds), not on the plain striding that
-  // lost 11%; bit 131072 returns to one CTA per tile. Not with varlen (its tiles past a sequence's end
-  // are holes in the balance).
-  const bool causal_pairs = Tr::kDenseOnly && p.p.is_causal && p.p.lut == nullptr && p.p.cu_seqlens_q == nullptr &&
-                            (p.variant & kVariantNoCausalPairs) == 0;
+  // Causal dense (session 16; the 128 x 176 tile, hd64's 192 x 128, 128 x 128 with bit 4096): persistent
+  // on the paired order of causal_pair_slot (heavy and light query blocks of one head in consecutive
+  // rounds), not on the plain striding that lost 11%; bit 131072 returns to one CTA per tile. Not with
+  // varlen (its tiles past a sequence's end are holes in the balance).
+  const bool causal_pairs = !Tr::kPair && !Tr::kFp8 && Tr::kBlockQ >= 128 && p.p.is_causal && p.p.lut == nullptr &&
+                            p.p.cu_seqlens_q == nullptr && (p.variant & kVariantNoCausalPairs) == 0;
   bool persistent = ((!p.p.is_causal && Tr::kBlockQ >= 128 && (!Tr::kPair || Tr::kHeadDim == 128) &&
                       (p.p.lut != nullptr || Tr::kHeadDim == 64 || Tr::kDenseOnly)) || causal_pairs);
   if ((p.variant & kVariantPersistent) != 0) persistent = true;

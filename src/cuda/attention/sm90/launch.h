@@ -71,8 +71,9 @@ constexpr int kVariantNoSplit = 16384;      // persistent launches without the s
 constexpr int kVariantSplitTest = 32768;    // test hook: every query tile's key blocks or LUT entries in 3 chunks
                                             // (combined by LSE), whatever the launch shape (not with pv_threshold)
 constexpr int kVariantNoCausalMulticast = 65536;  // causal dense 176 tile: no K/V multicast (the default before session 15)
-constexpr int kVariantNoCausalPairs = 131072;     // causal dense 176 tile: one CTA per tile (the default before session
-                                                  // 16) instead of persistent CTAs on the paired order below
+constexpr int kVariantNoCausalPairs = 131072;     // causal dense (BLKQ >= 128 tiles): one CTA per tile (the default
+                                                  // before session 16) instead of persistent CTAs on the paired
+                                                  // order of causal_pair_slot (schedule.h)
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT, head dim 64 or the dense 176-key tile (docs/attention_sm90.md: round 4, the
 // paired LUT since session 3, the 176 tile since session 13).
