@@ -70,26 +70,32 @@ def time_cuda(fn, input_sets, warmup, iters):
     return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "runs": len(ms)}
 
 
-def time_ab(fa, fb, input_sets, warmup, rounds):
-    """Medians of fa and fb timed in alternation, A B B A A B ...: each call on its own CUDA events,
-    so that clock and temperature drift over the run falls on both (a block of one peer's runs
-    followed by a block of the other's does not give them the same conditions)."""
+def time_ab(fa, fb, input_sets, warmup, rounds, block=5, settle=2):
+    """Medians of fa and fb timed in alternating blocks, A B B A A B ...: each block runs `settle`
+    untimed calls, then `block` timed ones (CUDA events per call), so each peer is timed near its own
+    steady clock, while drift over the run (temperature) falls on both. Single calls alternated A B A B
+    were tried first (session 16, s16r2) and measure each peer partly under the other's power state:
+    the follower of a power-hungrier kernel starts on lower clocks."""
     for i in range(warmup):
         fa(*input_sets[i % len(input_sets)])
         fb(*input_sets[i % len(input_sets)])
     torch.cuda.synchronize()
-    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(rounds)]
-    for i in range(rounds):
-        args = input_sets[i % len(input_sets)]
-        order = ((fa, 0), (fb, 2)) if i % 2 == 0 else ((fb, 2), (fa, 0))
-        for fn, at in order:
-            ev[i][at].record()
-            fn(*args)
-            ev[i][at + 1].record()
-    torch.cuda.synchronize()
-    ta = [e[0].elapsed_time(e[1]) for e in ev]
-    tb = [e[2].elapsed_time(e[3]) for e in ev]
-    return statistics.median(ta), statistics.median(tb)
+    blocks = max(2, (rounds + block - 1) // block)
+    times = {0: [], 1: []}
+    for i in range(blocks):
+        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+            fn = fa if which == 0 else fb
+            for j in range(settle):
+                fn(*input_sets[j % len(input_sets)])
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(block)]
+            for j, (e0, e1) in enumerate(ev):
+                args = input_sets[j % len(input_sets)]
+                e0.record()
+                fn(*args)
+                e1.record()
+            torch.cuda.synchronize()
+            times[which] += [e0.elapsed_time(e1) for e0, e1 in ev]
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def make_input_sets(b, h, s, d, dtype, n_max_sets=4):
@@ -993,7 +999,8 @@ def parse_args(argv=None):
                          "varlen_attn and SDPA on a jagged nested tensor)")
     ap.add_argument("--ab", type=int, default=0, metavar="N",
                     help="also time the acceptance pairs (cuDNN vs sparge dense, FlexAttention vs the sparge kernel "
-                         "on its LUT) in alternation, N calls each (A B B A ...), and print those ratios too")
+                         "on its LUT) in alternating blocks of 5 calls (A B B A ...), about N timed calls each, "
+                         "and print those ratios too")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
     args = ap.parse_args(argv)
     if args.quick:

@@ -747,10 +747,12 @@ double median_ms(const std::function<Status()>& call) {
 void bench_attention() {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const char* on = std::getenv("SPARGE_BENCH");
-  if (on == nullptr || (std::string(on) != "1" && std::string(on) != "dense" && std::string(on) != "varlen")) {
-    GTEST_SKIP() << "set SPARGE_BENCH=1 (or =dense: the dense rows, sm90 path only; =varlen: the varlen rows)";
+  const std::string mode = on == nullptr ? "" : on;
+  if (mode != "1" && mode != "dense" && mode != "varlen" && mode != "causal_lut") {
+    GTEST_SKIP() << "set SPARGE_BENCH=1 (or =dense: the dense rows, sm90 path only; =varlen: the varlen rows; "
+                    "=causal_lut: causal LUT rows, sm90 path only)";
   }
-  const bool dense_only = std::string(on) == "dense";
+  const bool dense_only = mode == "dense" || mode == "causal_lut";
   const bool varlen_only = std::string(on) == "varlen";
   const int B = 2, H = 32, S = 16384, D = 128;
   const size_t n = static_cast<size_t>(B) * S * H * D;
@@ -815,6 +817,42 @@ void bench_attention() {
       d.q = t1(dq.data()); d.k = t1(dk.data()); d.v = t1(dv.data()); d.o = t1(dout.data());
       d.varlen = {dcu8.data(), dcu8.data(), 8, 4096, 4096};
       run_paths("varlen 8 x 4096", 4.0 * 8 * H * 4096.0 * 4096 * D, [&] { return dense_attention(d); });
+    }
+    return;
+  }
+  if (mode == "causal_lut") {
+    // Causal LUTs shaped like the block map's topk rows: query block qb keeps round(density * visible)
+    // of its visible key blocks (at least 1), chosen at random. TFLOPS on the selected blocks counted
+    // whole (the diagonal ones are partly masked), so compare rows with each other, not with dense.
+    std::mt19937_64 crng(5);
+    for (int blkk : {64, 128}) {
+      for (double density : {1.0, 0.4, 0.1}) {
+        const int blkq = 128, nq = S / blkq, nk = S / blkk;
+        std::vector<std::int32_t> lut(static_cast<size_t>(B) * H * nq * nk, -1), counts(static_cast<size_t>(B) * H * nq);
+        std::vector<int> perm(nk);
+        double blocks = 0;
+        for (size_t row = 0; row < counts.size(); ++row) {
+          const int qb = static_cast<int>(row % nq);
+          const int nv = ((qb + 1) * blkq + blkk - 1) / blkk;
+          const int take = std::max(1, static_cast<int>(std::lround(density * nv)));
+          for (int i = 0; i < nv; ++i) perm[i] = i;
+          for (int i = 0; i < take; ++i) std::swap(perm[i], perm[i + static_cast<int>(crng() % (nv - i))]);
+          std::sort(perm.begin(), perm.begin() + take);
+          counts[row] = take;
+          blocks += take;
+          for (int i = 0; i < take; ++i) lut[row * nk + i] = perm[i];
+        }
+        DeviceGuarded<std::int32_t> dlut(lut.size()), dcnt(counts.size());
+        dlut.upload(lut);
+        dcnt.upload(counts);
+        BlockSparseAttentionParams s;
+        s.q = t4(dq.data()); s.k = t4(dk.data()); s.v = t4(dv.data()); s.o = t4(dout.data()); s.exec = ex;
+        s.blkq = blkq; s.blkk = blkk; s.is_causal = true;
+        s.lut = make_tensor(dlut.data(), DType::i32, {B, H, nq, nk});
+        s.counts = make_tensor(dcnt.data(), DType::i32, {B, H, nq});
+        const std::string label = "causal lut blkk=" + std::to_string(blkk) + " density=" + std::to_string(density).substr(0, 4);
+        run_paths(label.c_str(), 4.0 * blkq * blkk * D * blocks, [&] { return block_sparse_attention(s); });
+      }
     }
     return;
   }
@@ -1189,6 +1227,28 @@ SPARGE_CASES(AttentionGpuProperties) {
     p.c.variant = base;  // the defaults (or the 128 x 128 tile), whatever SPARGE_SM90_VARIANT the run has
     EXPECT_TRUE(run_gpu(p, 2, &paired).guards);
     p.c.variant = base | 131072;
+    EXPECT_TRUE(run_gpu(p, 1, &plain).guards);
+    ASSERT_EQ(paired.size(), 2u);
+    ASSERT_EQ(plain.size(), 1u);
+    EXPECT_TRUE(paired[0] == paired[1]) << "the paired persistent launch differs between relaunches";
+    EXPECT_TRUE(paired[0] == plain[0]) << "the paired persistent launch differs from one tile per CTA";
+  }});
+  // Causal LUTs (session 16): the paired persistent order against one CTA per tile in the longest-row-
+  // first order (bit 131072): the same tiles and walks, so bitwise the same O and LSE; unpaired 128 x 128
+  // and paired 128 x 64 (hd128), 512 query tiles.
+  for (int blkk : {128, 64})
+  cases.push_back({"BSA_CAUSAL_PAIRS(dt=f16,b=2,hq=16,hk=4,sq=2048,sk=2048,d=128,blkq=128,blkk=" + std::to_string(blkk) +
+                   ",causal=1)", [blkk] {
+    if (!have_gpu()) GTEST_SKIP() << "no GPU";
+    if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the paired order is the sm90 kernel's)";
+    Cfg c;
+    c.dt = DType::f16; c.b = 2; c.hq = 16; c.hk = 4; c.sq = 2048; c.sk = 2048; c.d = 128; c.causal = true;
+    c.lut = Lut::random; c.blkq = 128; c.blkk = blkk; c.density = 0.5;
+    Problem p = make_problem(c);
+    std::vector<std::vector<std::uint32_t>> paired, plain;
+    p.c.variant = 0;
+    EXPECT_TRUE(run_gpu(p, 2, &paired).guards);
+    p.c.variant = 131072;
     EXPECT_TRUE(run_gpu(p, 1, &plain).guards);
     ASSERT_EQ(paired.size(), 2u);
     ASSERT_EQ(plain.size(), 1u);

@@ -1363,12 +1363,6 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   int dev = 0, sms = 0;
   const bool have_sms = cudaGetDevice(&dev) == cudaSuccess &&
                         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0;
-  if (p.p.lut != nullptr && have_sms && num_tiles > sms * Tr::kMinBlocks &&
-      order.alloc(sizeof(std::int32_t) * num_tiles) == cudaSuccess &&
-      order_tiles_by_count(p.p, num_tiles, order.as<std::int32_t>(), stream) == cudaSuccess) {
-    q.order = order.as<std::int32_t>();
-  }
-  cudaGetLastError();  // a failed optional step above must not be reported as the launch's error
   // Persistent: one CTA per slot the GPU holds at once, each walking tiles x, x + grid, ... (the
   // producer loads the next tile's Q and K while the consumers finish the last PV and store O).
   // Otherwise one CTA per tile. Default rule (round-3 H200 data, docs/attention_sm90.md): persistent
@@ -1379,12 +1373,15 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   // The dense-only 176-key tile (non-causal) too, with the multicast below: session 13, H200, b2 h32
   // s16384 d128, two interleaved repeats: 597.0 / 595.6 TFLOPS plain, 600.5 / 600.8 persistent,
   // 606.6 / 612.6 multicast, 611.5 / 611.9 both (docs/attention_sm90.md, "Session 13").
-  // Causal dense (session 16; the 128 x 176 tile, hd64's 192 x 128, 128 x 128 with bit 4096): persistent
-  // on the paired order of causal_pair_slot (heavy and light query blocks of one head in consecutive
-  // rounds), not on the plain striding that lost 11%; bit 131072 returns to one CTA per tile. Not with
-  // varlen (its tiles past a sequence's end are holes in the balance).
-  const bool causal_pairs = !Tr::kPair && !Tr::kFp8 && Tr::kBlockQ >= 128 && p.p.is_causal && p.p.lut == nullptr &&
-                            p.p.cu_seqlens_q == nullptr && (p.variant & kVariantNoCausalPairs) == 0;
+  // Causal (session 16; dense on the 128 x 176 tile, hd64's 192 x 128, 128 x 128 with bit 4096; LUTs on
+  // the unpaired and the hd128 paired kernels, fp16 / bf16): persistent on the paired order of
+  // causal_pair_slot (heavy and light query blocks of one head in consecutive rounds), not on the plain
+  // striding that lost 11%; bit 131072 returns to one CTA per tile (LUTs: longest row first). A causal
+  // LUT's rows are paired by query block, not by their counts: balanced when the counts grow with the
+  // visible keys (the block map's topk / cdf rows), not for arbitrary skew. Not with varlen (its tiles
+  // past a sequence's end are holes in the balance).
+  const bool causal_pairs = !Tr::kFp8 && Tr::kBlockQ >= 128 && (!Tr::kPair || Tr::kHeadDim == 128) &&
+                            p.p.is_causal && p.p.cu_seqlens_q == nullptr && (p.variant & kVariantNoCausalPairs) == 0;
   bool persistent = ((!p.p.is_causal && Tr::kBlockQ >= 128 && (!Tr::kPair || Tr::kHeadDim == 128) &&
                       (p.p.lut != nullptr || Tr::kHeadDim == 64 || Tr::kDenseOnly)) || causal_pairs);
   if ((p.variant & kVariantPersistent) != 0) persistent = true;
@@ -1392,6 +1389,12 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
   int grid = num_tiles;
   if (persistent && have_sms && num_tiles > sms * Tr::kMinBlocks) grid = sms * Tr::kMinBlocks;
   if ((p.variant & kVariantPersistentTest) != 0 && num_tiles > 3) grid = 3;  // every CTA walks many tiles
+  if (p.p.lut != nullptr && have_sms && num_tiles > sms * Tr::kMinBlocks && !(causal_pairs && persistent) &&
+      order.alloc(sizeof(std::int32_t) * num_tiles) == cudaSuccess &&
+      order_tiles_by_count(p.p, num_tiles, order.as<std::int32_t>(), stream) == cudaSuccess) {
+    q.order = order.as<std::int32_t>();
+  }
+  cudaGetLastError();  // a failed optional step above must not be reported as the launch's error
   // Multicast (kVariantClusterKV, dense hd128 non-causal only): clusters of 2 CTAs on tiles 2c, 2c + 1,
   // which are query blocks of one (batch, head) when nq is even, so they walk the same keys; each
   // loads one 64-column slab of every K/V tile for both. Persistent too when the rule above (or bit
