@@ -744,6 +744,31 @@ double median_ms(const std::function<Status()>& call) {
   return ms[ms.size() / 2];
 }
 
+// A benchmark LUT over nk key blocks: row r keeps take(r, nv) of its first nv = visible(r) blocks, chosen
+// at random (rng) and ascending, -1 padded; blocks = the kept total.
+struct BenchLut {
+  std::vector<std::int32_t> lut, counts;
+  double blocks = 0;
+};
+template <class Visible, class Take>
+BenchLut bench_lut(std::size_t rows, int nk, std::mt19937_64& rng, Visible visible, Take take_of) {
+  BenchLut b;
+  b.lut.assign(rows * static_cast<std::size_t>(nk), -1);
+  b.counts.assign(rows, 0);
+  std::vector<int> perm(nk);
+  for (std::size_t row = 0; row < rows; ++row) {
+    const int nv = visible(row);
+    const int take = take_of(row, nv);
+    for (int i = 0; i < nv; ++i) perm[i] = i;
+    for (int i = 0; i < take; ++i) std::swap(perm[i], perm[i + static_cast<int>(rng() % (nv - i))]);
+    std::sort(perm.begin(), perm.begin() + take);
+    b.counts[row] = take;
+    b.blocks += take;
+    for (int i = 0; i < take; ++i) b.lut[row * nk + i] = perm[i];
+  }
+  return b;
+}
+
 void bench_attention() {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const char* on = std::getenv("SPARGE_BENCH");
@@ -828,20 +853,10 @@ void bench_attention() {
     for (int blkk : {64, 128}) {
       for (double density : {1.0, 0.4, 0.1}) {
         const int blkq = 128, nq = S / blkq, nk = S / blkk;
-        std::vector<std::int32_t> lut(static_cast<size_t>(B) * H * nq * nk, -1), counts(static_cast<size_t>(B) * H * nq);
-        std::vector<int> perm(nk);
-        double blocks = 0;
-        for (size_t row = 0; row < counts.size(); ++row) {
-          const int qb = static_cast<int>(row % nq);
-          const int nv = ((qb + 1) * blkq + blkk - 1) / blkk;
-          const int take = std::max(1, static_cast<int>(std::lround(density * nv)));
-          for (int i = 0; i < nv; ++i) perm[i] = i;
-          for (int i = 0; i < take; ++i) std::swap(perm[i], perm[i + static_cast<int>(crng() % (nv - i))]);
-          std::sort(perm.begin(), perm.begin() + take);
-          counts[row] = take;
-          blocks += take;
-          for (int i = 0; i < take; ++i) lut[row * nk + i] = perm[i];
-        }
+        auto [lut, counts, blocks] = bench_lut(
+            static_cast<size_t>(B) * H * nq, nk, crng,
+            [&](size_t row) { return ((static_cast<int>(row % nq) + 1) * blkq + blkk - 1) / blkk; },
+            [&](size_t, int nv) { return std::max(1, static_cast<int>(std::lround(density * nv))); });
         DeviceGuarded<std::int32_t> dlut(lut.size()), dcnt(counts.size());
         dlut.upload(lut);
         dcnt.upload(counts);
@@ -878,19 +893,9 @@ void bench_attention() {
     // A balanced schedule takes the useful work's time at the dense rate; printed as a ratio.
     const int blk = 128, nq = S / blk, nk = S / blk;
     std::mt19937_64 srng(11);
-    std::vector<std::int32_t> lut(static_cast<size_t>(B) * H * nq * nk, -1), counts(static_cast<size_t>(B) * H * nq);
-    std::vector<int> perm(nk);
-    double blocks = 0;
-    for (size_t row = 0; row < counts.size(); ++row) {
-      const bool heavy = srng() % 10 == 0;
-      const int take = heavy ? nk : std::max(1, static_cast<int>(std::lround(0.05 * nk)));
-      for (int i = 0; i < nk; ++i) perm[i] = i;
-      for (int i = 0; i < take; ++i) std::swap(perm[i], perm[i + static_cast<int>(srng() % (nk - i))]);
-      std::sort(perm.begin(), perm.begin() + take);
-      counts[row] = take;
-      blocks += take;
-      for (int i = 0; i < take; ++i) lut[row * nk + i] = perm[i];
-    }
+    auto [lut, counts, blocks] = bench_lut(
+        static_cast<size_t>(B) * H * nq, nk, srng, [&](size_t) { return nk; },
+        [&](size_t, int) { return srng() % 10 == 0 ? nk : std::max(1, static_cast<int>(std::lround(0.05 * nk))); });
     DeviceGuarded<std::int32_t> dlut(lut.size()), dcnt(counts.size());
     dlut.upload(lut);
     dcnt.upload(counts);
@@ -909,16 +914,10 @@ void bench_attention() {
   for (int blkk : {64, 128}) {
     for (double density : {1.0, 0.4, 0.1}) {
       const int blkq = 128, nq = S / blkq, nk = S / blkk;
-      std::vector<std::int32_t> lut(static_cast<size_t>(B) * H * nq * nk, -1), counts(static_cast<size_t>(B) * H * nq);
-      std::vector<int> perm(nk);
       const int take = std::max(1, static_cast<int>(std::lround(density * nk)));
-      for (size_t row = 0; row < counts.size(); ++row) {
-        for (int i = 0; i < nk; ++i) perm[i] = i;
-        for (int i = 0; i < take; ++i) std::swap(perm[i], perm[i + static_cast<int>(rng() % (nk - i))]);
-        std::sort(perm.begin(), perm.begin() + take);
-        counts[row] = take;
-        for (int i = 0; i < take; ++i) lut[row * nk + i] = perm[i];
-      }
+      auto [lut, counts, blocks] = bench_lut(static_cast<size_t>(B) * H * nq, nk, rng, [&](size_t) { return nk; },
+                                             [&](size_t, int) { return take; });
+      (void)blocks;
       DeviceGuarded<std::int32_t> dlut(lut.size()), dcnt(counts.size());
       dlut.upload(lut);
       dcnt.upload(counts);
