@@ -57,6 +57,8 @@ if has bench; then
     timeout 120 "$B/bin/sparge" bench -backend=cuda -b=1 -h=4 -s=2048 -d=128 -topk=0.4 -recipe=fp8 -v=1
     echo "## varlen (16 mixed-length sequences, 8 x 4096 against the fixed-length batch), sm90 vs portable path"
     SPARGE_BENCH=varlen timeout 120 "$B/tests/sparge_gpu_tests" --filter='BENCH_ATTENTION' 2>&1 | grep -E '^BENCH'
+    echo "## causal LUTs shaped like the block map's rows (sm90 path; bit 131072 = the launch before the causal pairs)"
+    SPARGE_BENCH=causal_lut timeout 120 "$B/tests/sparge_gpu_tests" --filter='BENCH_ATTENTION' 2>&1 | grep -E '^BENCH'
     echo "## fp8 recipe: prepass variants, fp16 vs fp8 kernel on the same LUTs (prepass included), folded pipeline"
     SPARGE_BENCH=1 timeout 120 "$B/tests/sparge_gpu_tests" --filter='FP8_BENCH|QUANT_GPU_BENCH|FOLD_BENCH' 2>&1 | grep -E 'bench|QUANT_GPU_BENCH'
     echo "## block-map scaling, b*h*s fixed"
