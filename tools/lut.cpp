@@ -199,9 +199,10 @@ std::int32_t topk_reference(const float* row, std::int64_t n, int k, std::int32_
     if (!(std::isinf(row[j]) && row[j] < 0)) sel.push_back(row[j]);
   }
   std::int32_t filled = 0;
-  if (static_cast<std::int64_t>(sel.size()) <= k) {
+  if (static_cast<std::int64_t>(sel.size()) < k) {
     // Fewer selectable values than k: the k-th largest is -inf, so every selectable index is
-    // strictly above it and they come out ascending by index.
+    // strictly above it and they come out ascending by index. (Exactly k selectable: the k-th largest
+    // is the smallest of them, and its ties come after the values above it, as below.)
     for (std::int64_t j = 0; j < n; ++j) {
       if (!(std::isinf(row[j]) && row[j] < 0)) out[filled++] = static_cast<std::int32_t>(j);
     }
