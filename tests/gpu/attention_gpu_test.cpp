@@ -1169,6 +1169,22 @@ void expect_relaunches_bitwise(const Cfg& c, int relaunches) {
   EXPECT_EQ(differing, 0) << differing << " of " << relaunches - 1 << " relaunches differ from the first";
 }
 
+// c's problem launched twice under variant bits `launch` and once under `reference` (bits that give
+// the same tiles and arithmetic another way): both launches of the first bitwise equal to each other
+// and to the reference, guards intact. `what` names the first launch in the failure messages.
+void expect_launches_bitwise(const Cfg& c, int launch, int reference, const std::string& what) {
+  Problem p = make_problem(c);
+  std::vector<std::vector<std::uint32_t>> got, ref;
+  p.c.variant = launch;
+  EXPECT_TRUE(run_gpu(p, 2, &got).guards);
+  p.c.variant = reference;
+  EXPECT_TRUE(run_gpu(p, 1, &ref).guards);
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_EQ(ref.size(), 1u);
+  EXPECT_TRUE(got[0] == got[1]) << what << " differs between relaunches";
+  EXPECT_TRUE(got[0] == ref[0]) << what << " differs from one tile per CTA";
+}
+
 SPARGE_CASES(AttentionGpuProperties) {
   // 400 relaunches of one mid-size case give bitwise the same O and LSE.
   cases.push_back({"BSA_DETERMINISM(dt=bf16,b=2,hq=4,hk=2,sq=1000,sk=1000,d=128,causal=1,relaunches=400)", [] {
@@ -1195,16 +1211,8 @@ SPARGE_CASES(AttentionGpuProperties) {
     if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the 176 tile is the sm90 kernel's)";
     Cfg c;
     c.dt = DType::f16; c.b = 2; c.hq = 16; c.hk = 4; c.sq = 2048; c.sk = 2048; c.d = 128; c.lut = Lut::dense_api;
-    Problem p = make_problem(c);
-    std::vector<std::vector<std::uint32_t>> persistent_mc, plain;
-    p.c.variant = 0;  // the defaults, whatever SPARGE_SM90_VARIANT the run has
-    EXPECT_TRUE(run_gpu(p, 2, &persistent_mc).guards);
-    p.c.variant = 64 | 8192;
-    EXPECT_TRUE(run_gpu(p, 1, &plain).guards);
-    ASSERT_EQ(persistent_mc.size(), 2u);
-    ASSERT_EQ(plain.size(), 1u);
-    EXPECT_TRUE(persistent_mc[0] == persistent_mc[1]) << "the persistent multicast launch differs between relaunches";
-    EXPECT_TRUE(persistent_mc[0] == plain[0]) << "persistent + multicast differs from one tile per CTA";
+    // 0: the defaults, whatever SPARGE_SM90_VARIANT the run has.
+    expect_launches_bitwise(c, 0, 64 | 8192, "the persistent multicast launch");
   }});
   // Causal dense on the 176 tile (session 16): persistent CTAs on the paired order of
   // causal_pair_slot, with multicast, against one tile per CTA (bit 131072; multicast stays on, so
@@ -1220,17 +1228,8 @@ SPARGE_CASES(AttentionGpuProperties) {
     Cfg c;
     c.dt = DType::f16; c.b = 2; c.hq = 16; c.hk = 4; c.sq = 2048; c.sk = 2048; c.d = d < 0 ? -d : d; c.causal = true;
     c.lut = Lut::dense_api;
-    Problem p = make_problem(c);
-    std::vector<std::vector<std::uint32_t>> paired, plain;
-    const int base = d < 0 ? 4096 : 0;
-    p.c.variant = base;  // the defaults (or the 128 x 128 tile), whatever SPARGE_SM90_VARIANT the run has
-    EXPECT_TRUE(run_gpu(p, 2, &paired).guards);
-    p.c.variant = base | 131072;
-    EXPECT_TRUE(run_gpu(p, 1, &plain).guards);
-    ASSERT_EQ(paired.size(), 2u);
-    ASSERT_EQ(plain.size(), 1u);
-    EXPECT_TRUE(paired[0] == paired[1]) << "the paired persistent launch differs between relaunches";
-    EXPECT_TRUE(paired[0] == plain[0]) << "the paired persistent launch differs from one tile per CTA";
+    const int base = d < 0 ? 4096 : 0;  // the defaults (or the 128 x 128 tile), whatever SPARGE_SM90_VARIANT the run has
+    expect_launches_bitwise(c, base, base | 131072, "the paired persistent launch");
   }});
   // Causal LUTs (session 16): the paired persistent order against one CTA per tile in the longest-row-
   // first order (bit 131072): the same tiles and walks, so bitwise the same O and LSE; unpaired 128 x 128
@@ -1243,16 +1242,7 @@ SPARGE_CASES(AttentionGpuProperties) {
     Cfg c;
     c.dt = DType::f16; c.b = 2; c.hq = 16; c.hk = 4; c.sq = 2048; c.sk = 2048; c.d = 128; c.causal = true;
     c.lut = Lut::random; c.blkq = 128; c.blkk = blkk; c.density = 0.5;
-    Problem p = make_problem(c);
-    std::vector<std::vector<std::uint32_t>> paired, plain;
-    p.c.variant = 0;
-    EXPECT_TRUE(run_gpu(p, 2, &paired).guards);
-    p.c.variant = 131072;
-    EXPECT_TRUE(run_gpu(p, 1, &plain).guards);
-    ASSERT_EQ(paired.size(), 2u);
-    ASSERT_EQ(plain.size(), 1u);
-    EXPECT_TRUE(paired[0] == paired[1]) << "the paired persistent launch differs between relaunches";
-    EXPECT_TRUE(paired[0] == plain[0]) << "the paired persistent launch differs from one tile per CTA";
+    expect_launches_bitwise(c, 0, 131072, "the paired persistent launch");
   }});
   // The split tail where the default launch makes it: 144 query tiles on an H200's 132 persistent CTAs
   // (66 clusters for the dense 176 tile) leave 12 for a last round, each cut into chunks (dense: min(132 /

@@ -1326,8 +1326,9 @@ __global__ void __launch_bounds__(32 * kCombineWarps) split_combine(const __grid
 // each is cut into n = min(ctas / R, max(2, blocks / 4)) chunks of its key blocks (dense) or LUT
 // entries (blocks: the row's blocks, or the LUT's capacity), so the last round is about n times
 // shorter, and split_combine merges them. Not with pv_threshold (its decisions are defined against
-// the running max of the whole row) nor causal masking (not persistent). Returns the chunks per tile
-// (0: no split); the test hook (bit 32768) splits every tile in 3.
+// the running max of the whole row), nor causal masking unless the launch runs the causal pairs'
+// order (causal_pairs; other causal orders are not persistent). Returns the chunks per tile (0: no
+// split); the test hook (bit 32768) splits every tile in 3.
 template <class Tr>
 int split_chunks(const Sm90Params& q, int num_tiles, int ctas, bool causal_pairs, int* split_from) {
   if (q.p.use_pv_threshold) return 0;
