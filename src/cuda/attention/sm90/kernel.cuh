@@ -98,7 +98,27 @@ struct Traits {
   static constexpr bool kMayMulticast = !PAIR_ && BLKQ_ == 128 && HD_ == 128 && !FP8_;
   // Score tiles of a 64-key half of the stage (fp8: the halves may carry different K scales).
   static constexpr int kHalfTiles = 8;
+  // dev/sm90_trace derives a Traits with kTrace = true: per-tile clock stamps (trace_mark).
+  static constexpr bool kTrace = false;
 };
+
+// Per-tile event stamps of dev/sm90_trace (Traits::kTrace; no other kernel compiles any of this):
+// P.trace[((cta * 3 + role) * kTraceTiles + nt) * kTraceEvents + ev] = clock64() (or `value`), where
+// role 0 is the producer, 1 + cw a consumer warpgroup (its first thread), nt the CTA's tile count.
+constexpr int kTraceTiles = 96;
+constexpr int kTraceEvents = 12;
+template <class Tr>
+__device__ __forceinline__ void trace_mark(const Sm90Params& P, int role, std::uint32_t nt, int ev,
+                                           long long value = -1) {
+  if constexpr (Tr::kTrace) {
+    if (P.trace != nullptr && (threadIdx.x & 127) == 0 && nt < static_cast<std::uint32_t>(kTraceTiles)) {
+      P.trace[((static_cast<long long>(blockIdx.x) * 3 + role) * kTraceTiles + nt) * kTraceEvents + ev] =
+          value < 0 ? static_cast<long long>(clock64()) : value;
+    }
+  } else {
+    (void)P, (void)role, (void)nt, (void)ev, (void)value;
+  }
+}
 
 // The consumers' walk of the key blocks a query block visits, one warp together: the sequence of
 // the producer's BlockIter (block_iter.cuh: the LUT row in its order without entries outside
@@ -343,7 +363,7 @@ __device__ __forceinline__ void varlen_fix_v(const Smem<Tr>& sm, int st, const T
 // warps of both CTAs.
 template <class Tr>
 __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm, const Tile& t, BlockIter it,
-                                         std::uint32_t q_phase, int qb, Ring<Tr>& ring) {
+                                         std::uint32_t q_phase, int qb, Ring<Tr>& ring, std::uint32_t trace_nt = 0) {
   const auto load_q = [&]() {
     barrier_wait(sm.q_empty(qb), q_phase ^ 1);
     barrier_expect_bytes(sm.q_full(qb), Tr::kQBytes);
@@ -351,11 +371,13 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
     for (int s = 0; s < Tr::kSlabs; ++s) {
       tma_load_4d(sm.ptr(sm.q(qb) + s * Tr::kQSlab), &P.q_map, s * 64, t.q_begin + t.q0, t.h, t.b_dim0, sm.q_full(qb));
     }
+    trace_mark<Tr>(P, 0, trace_nt, 1);
   };
   // kVariantEarlyNext: the first K/V stage goes out before the wait for the Q buffer (which the
   // previous tile's consumers release only after their last QK^T). No deadlock: that stage is
   // freed by the previous tile's consumers alone, as the Q buffer is.
   bool q_pending = (P.variant & kVariantEarlyNext) != 0, first = true;
+  [[maybe_unused]] bool traced_first = false;
   if (!q_pending) load_q();
   for (;; ring.advance()) {
     if (q_pending && !first) {  // after the first key tile's loads
@@ -413,8 +435,13 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
     if constexpr (!Tr::kFp8) {
       if (v_bar != sm.v_full(st)) varlen_fix_v<Tr>(sm, st, t, kt);
     }
+    if constexpr (Tr::kTrace) {
+      if (!traced_first) trace_mark<Tr>(P, 0, trace_nt, 2);
+      traced_first = true;
+    }
   }
   if (q_pending) load_q();  // a tile without key tiles: its consumers still take and release Q
+  trace_mark<Tr>(P, 0, trace_nt, 3);
 }
 
 // Named barrier ids: 0 is __syncthreads, 1 the legacy pv_threshold vote (all consumer threads),
@@ -453,6 +480,7 @@ struct Consumer {
   std::uint32_t q_tile;
   int qb;  // the Q buffer of this tile (0 unless kVariantQDouble)
   std::uint32_t my_votes;  // this warp's pv_threshold vote ring (Smem::vote_row)
+  std::uint32_t trace_nt = 0;  // the CTA's tile count (trace_mark; Traits::kTrace only)
 
   float o[Tr::kDTiles][4];
   float s[Tr::kKTiles][4];
@@ -942,11 +970,14 @@ struct Consumer {
   template <int kVote>
   __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq,
                                       int unit = -1) {
+    trace_mark<Tr>(P, 1 + cw, trace_nt, 1);
+    [[maybe_unused]] const std::uint32_t seq_begin = seq;
     // The first tile and its K scales before the Q wait: their global loads overlap it.
     const KeyTile kt0 = next_uniform_tile(it);
     float ksc[2];
     if (kt0.kb[0] >= 0) k_scales(kt0, ksc);
     barrier_wait(sm.q_full(qb), q_phase);
+    trace_mark<Tr>(P, 1 + cw, trace_nt, 2);
     if (kt0.kb[0] < 0) {
       release(sm.q_empty(qb));
     } else {
@@ -955,7 +986,9 @@ struct Consumer {
       std::uint32_t parity_prev = ring.phase;
       ring.advance();
       barrier_wait(sm.k_full(st_prev), parity_prev);
+      trace_mark<Tr>(P, 1 + cw, trace_nt, 3);
       turn_begin();
+      trace_mark<Tr>(P, 1 + cw, trace_nt, 4);
       wgmma_fence();
       fence_accumulator(s);
       issue_qk(st_prev);
@@ -968,6 +1001,7 @@ struct Consumer {
       int vote_prev = softmax_step<kVote>(kt0, alpha, seq_prev, ksc);
       bool half_prev = kt0.kb[1] < 0;
       rescale_and_pack(alpha);
+      trace_mark<Tr>(P, 1 + cw, trace_nt, 5);
       for (;;) {
         const KeyTile kt = next_uniform_tile(it);
         if (kt.kb[0] < 0) break;
@@ -1001,6 +1035,7 @@ struct Consumer {
         st_prev = st;
         parity_prev = parity;
       }
+      trace_mark<Tr>(P, 1 + cw, trace_nt, 6);
       release(sm.q_empty(qb));  // every QK^T of this query block has completed (waited above)
       // PV of the last tile.
       barrier_wait(sm.v_full(st_prev), parity_prev);
@@ -1014,11 +1049,14 @@ struct Consumer {
       fence_accumulator(o);
       fence_p();
       release_kv(sm.v_empty(st_prev));
+      trace_mark<Tr>(P, 1 + cw, trace_nt, 7);
     }
+    trace_mark<Tr>(P, 1 + cw, trace_nt, 9, static_cast<long long>(seq - seq_begin));
 
     if constexpr (Tr::kSplit) {
       if (unit >= 0) {
         store_part(unit);
+        trace_mark<Tr>(P, 1 + cw, trace_nt, 8);
         return;
       }
     }
@@ -1043,6 +1081,7 @@ struct Consumer {
     } else {
       store_rows<T, Tr::kDTiles>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane);
     }
+    trace_mark<Tr>(P, 1 + cw, trace_nt, 8);
   }
 };
 
@@ -1171,6 +1210,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
             }
           }
         }
+        trace_mark<Tr>(P, 0, nt, 0);
         const QSlot qs = q_slot(nt, dbl);
         BlockIter it = make_iter(p, t, walk_blocks<Tr>(P, t, w.tile));
         if (w.chunk >= 0) {  // the iterator walks positions [pos, n) of the LUT row or the dense blocks
@@ -1179,7 +1219,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
           it.n = kr.end;
           if (it.row != nullptr) it.lookahead = it.pos < it.n ? __ldg(it.row + it.pos * it.stride) : -1;
         }
-        producer<Tr>(P, sm, t, it, qs.phase, qs.buf, ring);
+        producer<Tr>(P, sm, t, it, qs.phase, qs.buf, ring, nt);
         ++nt;
       }
       // Multicast: this CTA must not exit while the peer's consumers may still arrive on its "empty"
@@ -1209,9 +1249,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
       const Work w = work_at<Tr>(P, slot);
       const Tile t = make_tile(p, w.tile, Tr::kBlockQ);
       if (t.q0 >= t.sq) continue;
+      trace_mark<Tr>(P, 1 + cw, nt, 0);
       const QSlot qs = q_slot(nt, dbl);
       const std::uint32_t q_phase = qs.phase;
       Consumer<Tr> c(p, sm, t, cw, tid % 128, P, qs.buf);
+      c.trace_nt = nt;
       WarpWalk it = make_warp_walk(p, t, walk_blocks<Tr>(P, t, w.tile), tid % 32);
       int unit = -1;
       if (w.chunk >= 0) {  // the walk hands out positions [base, n) of the LUT row or the dense blocks

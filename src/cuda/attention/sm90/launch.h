@@ -40,6 +40,8 @@ struct Sm90Params {
   const float* v_scale = nullptr;    // [B, Hk, D], per channel
   const float* lse_shift = nullptr;  // [B, Hq, Sq] added to the LSE (K smoothing), or nullptr
   int nkb = 0;
+  // Event stamps of dev/sm90_trace (kernels with Traits::kTrace only; see trace_mark in kernel.cuh).
+  long long* trace = nullptr;
 };
 
 // SPARGE_SM90_VARIANT: bits that switch uncertain performance choices, read on every launch (so one

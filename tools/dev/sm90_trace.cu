@@ -1,0 +1,224 @@
+// Where a query tile's time goes in the Hopper attention kernel: per-tile clock stamps of every CTA's
+// producer and consumer warpgroups (trace_mark in src/cuda/attention/sm90/kernel.cuh), on a random
+// LUT of a given density at b2 h32 s16384 d128 fp16 (the benchmark shape).
+//
+//   sparge_sm90_trace [density=0.1] [blkk=128|64] [timed runs=20]
+//
+// Runs a Traits with kTrace = true (a distinct kernel; the library's kernels compile no stamps),
+// times it without stamps (P.trace = nullptr: only the stamps' branches), then once with them, and
+// prints the median of each interval per tile in SM cycles. SPARGE_SM90_VARIANT applies as in the
+// library. A development probe, not a test (docs/attention_sm90.md, "Session 17").
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "cuda/attention/sm90/kernel.cuh"
+#include "cuda/attention/sm90/tensor_map.h"
+#include "sparge/types.h"
+
+namespace sm90 = sparge::cuda::attn::sm90;
+using sparge::cuda::attn::KernelParams;
+
+namespace {
+
+template <class Base>
+struct Traced : Base {
+  static constexpr bool kTrace = true;
+};
+
+__global__ void fill_random(__half* x, long long n, unsigned seed) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = __float2half(static_cast<float>(h & 0xFFFF) / 32768.0f - 1.0f);
+  }
+}
+
+void check(cudaError_t e, const char* what, int line) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "line %d: %s: %s\n", line, what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+#define CHECK(x) check((x), #x, __LINE__)
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class Tr>
+int run(double density, int timed) {
+  constexpr int B = 2, H = 32, S = 16384, D = 128, BQ = Tr::kBlockQ, BK = Tr::kBlockK;
+  constexpr int NQ = S / BQ, NK = S / BK;
+  const long long n = static_cast<long long>(B) * S * H * D;
+  __half *q, *k, *v, *o;
+  CHECK(cudaMalloc(&q, n * 2));
+  CHECK(cudaMalloc(&k, n * 2));
+  CHECK(cudaMalloc(&v, n * 2));
+  CHECK(cudaMalloc(&o, n * 2));
+  fill_random<<<1024, 256>>>(q, n, 1u);
+  fill_random<<<1024, 256>>>(k, n, 2u);
+  fill_random<<<1024, 256>>>(v, n, 3u);
+  // LUT rows: round(density * NK) distinct random blocks each (at least one), ascending.
+  const int count = std::max(1, static_cast<int>(density * NK + 0.5));
+  std::vector<std::int32_t> lut(static_cast<std::size_t>(B) * H * NQ * NK, -1);
+  std::vector<std::int32_t> counts(static_cast<std::size_t>(B) * H * NQ, count);
+  std::mt19937 rng(7);
+  std::vector<std::int32_t> perm(NK);
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    for (int i = 0; i < NK; ++i) perm[i] = i;
+    for (int i = 0; i < count; ++i) std::swap(perm[i], perm[i + rng() % (NK - i)]);
+    std::sort(perm.begin(), perm.begin() + count);
+    std::copy(perm.begin(), perm.begin() + count, lut.begin() + static_cast<std::ptrdiff_t>(r * NK));
+  }
+  std::int32_t *dlut, *dcounts;
+  CHECK(cudaMalloc(&dlut, lut.size() * 4));
+  CHECK(cudaMalloc(&dcounts, counts.size() * 4));
+  CHECK(cudaMemcpy(dlut, lut.data(), lut.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dcounts, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
+
+  sm90::Sm90Params P;
+  const sparge::Tensor tq = sparge::make_tensor(q, sparge::DType::f16, {B, S, H, D});
+  const sparge::Tensor tk = sparge::make_tensor(k, sparge::DType::f16, {B, S, H, D});
+  const sparge::Tensor tv = sparge::make_tensor(v, sparge::DType::f16, {B, S, H, D});
+  if (!sm90::encode_tensor_map(&P.q_map, tq, BQ) || !sm90::encode_tensor_map(&P.k_map, tk, BK) ||
+      !sm90::encode_tensor_map(&P.v_map, tv, BK)) {
+    std::fprintf(stderr, "tensor maps refused\n");
+    return 1;
+  }
+  KernelParams& kp = P.p;
+  kp = KernelParams{};
+  kp.q = q, kp.k = k, kp.v = v, kp.o = o;
+  for (std::int64_t* st : {kp.q_stride, kp.k_stride, kp.v_stride, kp.o_stride}) {
+    st[0] = static_cast<std::int64_t>(S) * H * D, st[1] = H * D, st[2] = D;
+  }
+  kp.lut = dlut;
+  kp.counts = dcounts;
+  kp.lut_stride[3] = 1, kp.lut_stride[2] = NK, kp.lut_stride[1] = static_cast<std::int64_t>(NQ) * NK;
+  kp.lut_stride[0] = static_cast<std::int64_t>(H) * NQ * NK;
+  kp.counts_stride[2] = 1, kp.counts_stride[1] = NQ, kp.counts_stride[0] = static_cast<std::int64_t>(H) * NQ;
+  kp.nk_lut = NK;
+  kp.seq_q = kp.seq_k = S;
+  kp.batch = B, kp.hq = kp.hk = H, kp.nq = NQ;
+  kp.scale_log2 = 1.4426950408889634f / 11.313708498984761f;
+  kp.lazy_rescale = true;
+  P.variant = sm90::variant_bits();
+  const int tiles = B * H * NQ;
+
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 10; ++i) CHECK(sm90::launch_kernel<Tr>(P, tiles, nullptr));
+  std::vector<double> ms;
+  for (int i = 0; i < timed; ++i) {
+    CHECK(cudaEventRecord(e0));
+    CHECK(sm90::launch_kernel<Tr>(P, tiles, nullptr));
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  const double flops = 4.0 * B * H * static_cast<double>(S) * count * BK * D;
+  const double med = median(ms);
+  std::printf("blk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
+              "selected blocks\n", BK, static_cast<double>(count) / NK, count, P.variant, med, timed, flops / med / 1e9);
+
+  const std::size_t words = static_cast<std::size_t>(tiles) * 3 * sm90::kTraceTiles * sm90::kTraceEvents;
+  long long* dtrace;
+  CHECK(cudaMalloc(&dtrace, words * 8));
+  CHECK(cudaMemset(dtrace, 0, words * 8));
+  P.trace = dtrace;
+  CHECK(cudaEventRecord(e0));
+  CHECK(sm90::launch_kernel<Tr>(P, tiles, nullptr));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float traced_ms = 0;
+  CHECK(cudaEventElapsedTime(&traced_ms, e0, e1));
+  std::vector<long long> tr(words);
+  CHECK(cudaMemcpy(tr.data(), dtrace, words * 8, cudaMemcpyDeviceToHost));
+  const auto at = [&](int cta, int role, int nt, int ev) {
+    return tr[((static_cast<std::size_t>(cta) * 3 + role) * sm90::kTraceTiles + nt) * sm90::kTraceEvents + ev];
+  };
+  int ctas = 0;  // CTAs of the launch: those with a stamp
+  while (ctas < tiles && at(ctas, 1, 0, 0) != 0) ++ctas;
+  long long span = 0;
+  for (int c = 0; c < ctas; ++c) {
+    long long last = 0;
+    for (int nt = 0; nt < sm90::kTraceTiles && at(c, 1, nt, 0) != 0; ++nt) last = std::max(last, at(c, 1, nt, 8));
+    span = std::max(span, last - at(c, 1, 0, 0));
+  }
+  std::printf("traced run %.3f ms; %d CTAs; longest CTA %lld cycles (%.2f GHz if it spans the launch)\n", traced_ms,
+              ctas, span, static_cast<double>(span) / (traced_ms * 1e6));
+
+  // Consumer intervals per tile (tiles 1.. with a next tile; event 9 = key tiles walked).
+  const char* names[] = {"ctor + walk (e1-e0)", "Q wait (e2-e1)", "first K wait (e3-e2)", "turn wait (e4-e3)",
+                         "first QK + softmax (e5-e4)", "loop (e6-e5)", "last PV (e7-e6)", "epilogue (e8-e7)",
+                         "to next tile (e0'-e8)", "tile (e0'-e0)", "per key tile in the loop",
+                         "tile - n x per key tile"};
+  for (int role = 1; role <= 2; ++role) {
+    std::vector<std::vector<double>> d(12);
+    std::vector<double> nkts;
+    for (int c = 0; c < ctas; ++c) {
+      for (int nt = 1; nt + 1 < sm90::kTraceTiles; ++nt) {
+        if (at(c, role, nt + 1, 0) == 0 || at(c, role, nt, 8) == 0) break;
+        const long long nkt = at(c, role, nt, 9);
+        if (nkt < 2) continue;
+        nkts.push_back(static_cast<double>(nkt));
+        for (int e = 0; e < 8; ++e) d[e].push_back(static_cast<double>(at(c, role, nt, e + 1) - at(c, role, nt, e)));
+        d[8].push_back(static_cast<double>(at(c, role, nt + 1, 0) - at(c, role, nt, 8)));
+        const double tile = static_cast<double>(at(c, role, nt + 1, 0) - at(c, role, nt, 0));
+        const double per = static_cast<double>(at(c, role, nt, 6) - at(c, role, nt, 5)) / static_cast<double>(nkt - 1);
+        d[9].push_back(tile);
+        d[10].push_back(per);
+        d[11].push_back(tile - static_cast<double>(nkt) * per);
+      }
+    }
+    std::printf("consumer warpgroup %d (%zu tiles, median %.0f key tiles each), median cycles:\n", role - 1,
+                d[0].size(), median(nkts));
+    for (int e = 0; e < 12; ++e) std::printf("  %-28s %9.0f\n", names[e], median(d[e]));
+  }
+  // Producer: tile start -> Q issued -> first K/V stage issued -> all issued; and how far ahead of the
+  // consumers it runs (its first stage of tile nt against consumer 0's epilogue end of tile nt - 1).
+  std::vector<double> pq, pfirst, pall, ahead;
+  for (int c = 0; c < ctas; ++c) {
+    for (int nt = 1; nt < sm90::kTraceTiles && at(c, 0, nt, 3) != 0; ++nt) {
+      pq.push_back(static_cast<double>(at(c, 0, nt, 1) - at(c, 0, nt, 0)));
+      pfirst.push_back(static_cast<double>(at(c, 0, nt, 2) - at(c, 0, nt, 1)));
+      pall.push_back(static_cast<double>(at(c, 0, nt, 3) - at(c, 0, nt, 0)));
+      if (at(c, 1, nt - 1, 8) != 0) ahead.push_back(static_cast<double>(at(c, 1, nt - 1, 8) - at(c, 0, nt, 2)));
+    }
+  }
+  std::printf("producer, median cycles: Q issued %.0f after the tile's start, first K/V stage %.0f after Q, whole "
+              "tile %.0f;\n  the first K/V stage of tile n issued %.0f cycles before consumer 0 ends tile n - 1\n",
+              median(pq), median(pfirst), median(pall), median(ahead));
+  CHECK(cudaFree(dtrace));
+  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
+                    static_cast<void*>(dlut), static_cast<void*>(dcounts)}) {
+    CHECK(cudaFree(ptr));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double density = argc > 1 ? std::atof(argv[1]) : 0.1;
+  const int blkk = argc > 2 ? std::atoi(argv[2]) : 128;
+  const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
+  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128) || timed < 1) {
+    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128] [timed runs >= 1]\n");
+    return 2;
+  }
+  if (blkk == 128) return run<Traced<sm90::Traits<__half, 128, 128, 128>>>(density, timed);
+  return run<Traced<sm90::Traits<__half, 128, 128, 64, true>>>(density, timed);
+}
