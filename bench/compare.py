@@ -11,7 +11,7 @@ alone, sparge's kernel alone on the same LUT, and FlexAttention on the same LUT 
 from it). FlexAttention's tile must divide the mask's block size; its default tile is 128 rows, so the
 kernel-only comparison uses LUTs with blkq = blkk = --flex-blk (128 by default) for both.
 
-Timing: warm-up, then the median of --iters CUDA-event timings (min and max reported), fresh random
+Timing: warm-up (at least --warmup calls and --warmup-ms of GPU time), then the median of --iters CUDA-event timings (min and max reported), fresh random
 normal inputs, rotating several input sets when one set fits in L2. FLOPs: dense 4*B*Hq*Sq*Sk*D (exact
 causal pair count, about half); sparse counts the attended (query, key) pairs of computed blocks
 ("useful"), and "TFLOPS" is the dense-equivalent rate. The ratio table is printed last; JSON and PNG
@@ -53,11 +53,30 @@ L2_BYTES = 60 * 1024 * 1024
 # ------------------------------------------------------------------------------------------------
 # Timing
 
-def time_cuda(fn, input_sets, warmup, iters):
-    """Median/min/max milliseconds of fn(*inputs) over CUDA events, rotating the input sets."""
-    for i in range(warmup):
-        fn(*input_sets[i % len(input_sets)])
+def warm_up(fns, input_sets, calls, ms):
+    """At least `calls` calls of each fn (in turn), and until `ms` milliseconds of GPU time have passed
+    (measured around the calls with CUDA events, checked after each round): a short kernel timed right
+    after host-side work (a LUT built, a compile) otherwise starts on the clocks of an idle GPU. Session
+    17 saw sparge's 1.6 ms kernel at 1.94 ms in its own row and 1.63 ms in the alternated A/B after 5
+    calls of warm-up. The same rule for every row and both sides of an A/B (triton's do_bench also
+    warms up by time)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    i = 0
+    while True:
+        for fn in fns:
+            fn(*input_sets[i % len(input_sets)])
+        i += 1
+        end.record()
+        end.synchronize()
+        if i >= calls and start.elapsed_time(end) >= ms:
+            break
     torch.cuda.synchronize()
+
+
+def time_cuda(fn, input_sets, warmup, iters, warmup_ms=0.0):
+    """Median/min/max milliseconds of fn(*inputs) over CUDA events, rotating the input sets."""
+    warm_up([fn], input_sets, warmup, warmup_ms)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
@@ -70,16 +89,13 @@ def time_cuda(fn, input_sets, warmup, iters):
     return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "runs": len(ms)}
 
 
-def time_ab(fa, fb, input_sets, warmup, rounds, block=5, settle=2):
+def time_ab(fa, fb, input_sets, warmup, rounds, block=5, settle=2, warmup_ms=0.0):
     """Medians of fa and fb timed in alternating blocks, A B B A A B ...: each block runs `settle`
     untimed calls, then `block` timed ones (CUDA events per call), so each peer is timed near its own
     steady clock, while drift over the run (temperature) falls on both. Single calls alternated A B A B
     were tried first (session 16, s16r2) and measure each peer partly under the other's power state:
     the follower of a power-hungrier kernel starts on lower clocks."""
-    for i in range(warmup):
-        fa(*input_sets[i % len(input_sets)])
-        fb(*input_sets[i % len(input_sets)])
-    torch.cuda.synchronize()
+    warm_up([fa, fb], input_sets, warmup, warmup_ms)
     blocks = max(2, (rounds + block - 1) // block)
     times = {0: [], 1: []}
     for i in range(blocks):
@@ -246,7 +262,7 @@ class Bench:
         row["error"] and prints n/a (reason)."""
         name, backend = row["name"], row.get("backend", "")
         try:
-            t = time_cuda(fn, input_sets, self.args.warmup, self.args.iters)
+            t = time_cuda(fn, input_sets, self.args.warmup, self.args.iters, self.args.warmup_ms)
             row.update(t)
             sec = t["median_ms"] * 1e-3
             scale = 1e12 if unit == "TFLOPS" else 1e9
@@ -282,7 +298,7 @@ class Bench:
         row.update({"name": name, "kind": "ab", "peer": peer, "target": target})
         row.update(extra or {})
         try:
-            ma, mb = time_ab(fa, fb, input_sets, self.args.warmup, self.args.ab)
+            ma, mb = time_ab(fa, fb, input_sets, self.args.warmup, self.args.ab, warmup_ms=self.args.warmup_ms)
             row.update({"peer_ms": ma, "sparge_ms": mb, "ratio": ma / mb, "rounds": self.args.ab})
             print(f"  {name:<42} A/B x{self.args.ab}: {peer} {ma:.3f} ms, sparge {mb:.3f} ms, "
                   f"ratio {ma / mb:.3f}", flush=True)
@@ -980,6 +996,8 @@ def parse_args(argv=None):
     ap.add_argument("--pv-ab", action="store_true",
                     help="also time sparge_attn with pvthreshd=None (fp16, and fp8 with --fp8) next to the default 50")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup-ms", type=float, default=200.0,
+                    help="warm-up also lasts at least this many milliseconds of GPU time (every row alike)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",
                                                   "benchmarks"))
@@ -1009,6 +1027,7 @@ def parse_args(argv=None):
             args.topk = "1.0,0.4,0.1"
         args.iters = max(10, min(args.iters, 10))
         args.warmup = min(args.warmup, 3)
+        args.warmup_ms = min(args.warmup_ms, 20.0)
     args.d = [int(x) for x in args.d.split(",") if x]
     args.topk = [float(x) for x in args.topk.split(",") if x]
     args.token_swap = [float(x) for x in args.token_swap.split(",") if x]
@@ -1039,7 +1058,7 @@ def main(argv=None):
         "date": now.isoformat(timespec="seconds"), "device": props.name, "sms": props.multi_processor_count,
         "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
         "sparge": sparge.__version__, "blkq": args.blkq, "blkk": args.blkk, "flex_blk": args.flex_blk,
-        "warmup": args.warmup, "iters": args.iters, "paths": args.paths, "token": args.token,
+        "warmup": args.warmup, "warmup_ms": args.warmup_ms, "iters": args.iters, "paths": args.paths, "token": args.token,
         "SPARGE_ATTN_PATH": os.environ.get("SPARGE_ATTN_PATH"),
         "method": "median of CUDA-event timings after warm-up; FLOPs 4*B*H*pairs*D (PERF.md)",
     }

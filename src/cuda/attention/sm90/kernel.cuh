@@ -290,6 +290,42 @@ __device__ __forceinline__ WarpWalk make_warp_walk(const KernelParams& p, const 
   it.fill();
   return it;
 }
+// A consumer's look-ahead of its next tile (kernel loop): the slot it holds (-1: none) and that tile's
+// LUT count and first two chunks of entries as loaded (raw, entries read up to nk_lut), issued while
+// the current tile's last PV and epilogue run. dev/sm90_trace measured the chain of dependent loads
+// at every tile start (order -> LUT count -> entries) at ~2000 cycles per tile before.
+struct Ahead {
+  int slot = -1, tile = 0, count = 0, e0 = -1, e1 = -1;
+};
+__device__ __forceinline__ void load_ahead(const KernelParams& p, Ahead& a, int slot, int tile, int blkq, int lane) {
+  a.slot = -1;
+  if (tile < 0) return;
+  const Tile t = make_tile(p, tile, blkq);
+  if (t.q0 >= t.sq) return;  // skipped by the loop: its own path
+  a.slot = slot;
+  a.tile = tile;
+  if (p.lut == nullptr) return;
+  const std::int32_t* row = lut_row(p, t);
+  a.count = *lut_count_ptr(p, t);
+  a.e0 = lane < p.nk_lut ? __ldg(row + lane * p.lut_stride[3]) : -1;
+  a.e1 = 32 + lane < p.nk_lut ? __ldg(row + (32 + lane) * p.lut_stride[3]) : -1;
+}
+// make_warp_walk from a look-ahead's values: the same walk (entries past the clamped count read -1).
+__device__ __forceinline__ WarpWalk make_warp_walk(const KernelParams& p, const Tile& t, int visible, int lane,
+                                                   const Ahead& a) {
+  if (p.lut == nullptr) return make_warp_walk(p, t, visible, lane);
+  WarpWalk it;
+  it.visible = static_cast<std::uint32_t>(visible < 0 ? 0 : visible);
+  it.lane = lane;
+  it.row = lut_row(p, t);
+  it.stride = p.lut_stride[3];
+  const int count = __shfl_sync(0xffffffffu, a.count, 0);  // uniform (one address), provably so for ptxas
+  it.n = count < 0 ? 0 : (count > p.nk_lut ? p.nk_lut : count);
+  it.mine = lane < it.n ? a.e0 : -1;
+  it.pending = __ballot_sync(0xffffffffu, static_cast<std::uint32_t>(it.mine) < it.visible);
+  it.mine_next = 32 + lane < it.n ? a.e1 : -1;
+  return it;
+}
 // The producer's walk: the portable kernel's iterator over the same row and clamped count.
 __device__ __forceinline__ BlockIter make_iter(const KernelParams& p, const Tile& t, int visible) {
   if (p.lut == nullptr) return make_dense_iter(visible);
@@ -967,9 +1003,13 @@ struct Consumer {
   // pv_threshold vote ring).
   // unit >= 0 (split tail, no pv_threshold): the tile's keys are one chunk (the walk's range), stored by
   // store_part.
-  template <int kVote>
+  // ahead(): the kernel loop's look-ahead of the next tile, called once the last PV is issued (its
+  // loads then overlap that PV and the epilogue). What it hands back is broadcast from lane 0 where
+  // the kernel loop branches on it: without that ptxas serialized every wgmma of one instantiation
+  // (C7520, bf16 128 x 128).
+  template <int kVote, class AheadFn>
   __device__ __forceinline__ void run(WarpWalk it, std::uint32_t q_phase, Ring<Tr>& ring, std::uint32_t& seq,
-                                      int unit = -1) {
+                                      int unit, AheadFn&& ahead) {
     trace_mark<Tr>(P, 1 + cw, trace_nt, 1);
     [[maybe_unused]] const std::uint32_t seq_begin = seq;
     // The first tile and its K scales before the Q wait: their global loads overlap it.
@@ -980,6 +1020,7 @@ struct Consumer {
     trace_mark<Tr>(P, 1 + cw, trace_nt, 2);
     if (kt0.kb[0] < 0) {
       release(sm.q_empty(qb));
+      ahead();
     } else {
       // Tile 0: S_0 alone.
       int st_prev = ring.st;
@@ -1045,6 +1086,7 @@ struct Consumer {
       fence_accumulator(o);
       issue_pv<kVote>(st_prev, skip_prev, half_prev);
       turn_end();
+      ahead();
       wgmma_wait<0>();
       fence_accumulator(o);
       fence_p();
@@ -1245,16 +1287,28 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     std::uint32_t nt = 0;   // tiles of this CTA so far (the producer's count: Q buffer and phase)
     std::uint32_t seq = 0;  // key tiles of this CTA so far: the vote ring's tags (30 bits, see vote_word)
     const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
+    Ahead ahead;
     for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
-      const Work w = work_at<Tr>(P, slot);
+      const bool held = __shfl_sync(0xffffffffu, slot == ahead.slot ? 1 : 0, 0) != 0;  // provably uniform for ptxas
+      const Work w = held ? Work{__shfl_sync(0xffffffffu, ahead.tile, 0), -1} : work_at<Tr>(P, slot);
       const Tile t = make_tile(p, w.tile, Tr::kBlockQ);
       if (t.q0 >= t.sq) continue;
       trace_mark<Tr>(P, 1 + cw, nt, 0);
+      // The next slot's tile (its order entry loaded now, held over this tile); split units are
+      // left to the plain path (their walk's start depends on the count).
+      const int next_slot = slot + static_cast<int>(gridDim.x);
+      int next_tile = -1;
+      if (next_slot < P.num_tiles) {
+        const Work wn = work_at<Tr>(P, next_slot);
+        if (wn.chunk < 0) next_tile = wn.tile;
+      }
       const QSlot qs = q_slot(nt, dbl);
       const std::uint32_t q_phase = qs.phase;
       Consumer<Tr> c(p, sm, t, cw, tid % 128, P, qs.buf);
       c.trace_nt = nt;
-      WarpWalk it = make_warp_walk(p, t, walk_blocks<Tr>(P, t, w.tile), tid % 32);
+      const int visible = walk_blocks<Tr>(P, t, w.tile);
+      WarpWalk it = held ? make_warp_walk(p, t, visible, tid % 32, ahead) : make_warp_walk(p, t, visible, tid % 32);
+      auto look_ahead = [&] { load_ahead(p, ahead, next_slot, next_tile, Tr::kBlockQ, tid % 32); };
       int unit = -1;
       if (w.chunk >= 0) {  // the walk hands out positions [base, n) of the LUT row or the dense blocks
         const KeyRange kr = key_range(it.n, w.chunk, P.split_n);
@@ -1273,18 +1327,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
         if (p.use_pv_threshold) {
           if constexpr (!Tr::kPair) {
             if ((P.variant & kVariantLegacyPv) != 0) {
-              c.template run<kVoteLegacy>(it, q_phase, ring, seq);
+              c.template run<kVoteLegacy>(it, q_phase, ring, seq, -1, look_ahead);
             } else {
-              c.template run<kVoteWarp>(it, q_phase, ring, seq);
+              c.template run<kVoteWarp>(it, q_phase, ring, seq, -1, look_ahead);
             }
           } else {
-            c.template run<kVoteWarp>(it, q_phase, ring, seq);
+            c.template run<kVoteWarp>(it, q_phase, ring, seq, -1, look_ahead);
           }
         } else {
-          c.template run<kVoteOff>(it, q_phase, ring, seq, unit);
+          c.template run<kVoteOff>(it, q_phase, ring, seq, unit, look_ahead);
         }
       } else {
-        c.template run<kVoteOff>(it, q_phase, ring, seq, unit);
+        c.template run<kVoteOff>(it, q_phase, ring, seq, unit, look_ahead);
       }
       ++nt;
     }
