@@ -992,6 +992,31 @@ SPARGE_CASES(AttentionGpuSparse) {
         c.hnd = false; c.hq = 4; c.hk = 1; c.lse = false; c.o_f32 = false; c.causal = false;
         add(cases, c);
       }
+  // The staged epilogue (session 18: O through the tile's Q buffer and TMA stores, BLKQ 128 LUT kernels with
+  // two Q buffers by default): O in the input dtype with the LSE, NHD and HND, causal, more query tiles than
+  // CTAs (persistent), a ragged last tile (sq % 128 != 0); the same with the register epilogue (bits 2048 |
+  // 524288) and with the staged epilogue on one Q buffer (262144); then ragged batches, whose warpgroups that
+  // reach past their sequence's end store from registers.
+  for (int v : {-1, 2048 | 524288, 262144})
+    for (int d : kDims)
+      for (int blkk : {64, 128})
+        for (bool causal : {false, true}) {
+          Cfg c;
+          c.dt = causal ? DType::bf16 : DType::f16; c.d = d; c.blkq = 128; c.blkk = blkk; c.b = 2; c.hq = 8; c.hk = 2;
+          c.sq = 2100; c.sk = 1100; c.density = 0.4; c.causal = causal; c.hnd = causal; c.o_f32 = false;
+          c.variant = v;
+          add(cases, c);
+        }
+  for (int d : kDims)
+    for (int blkk : {64, 128})
+      for (bool causal : {false, true}) {
+        Cfg c;
+        c.dt = DType::f16; c.d = d; c.blkq = 128; c.blkk = blkk; c.causal = causal; c.hq = 4; c.hk = 2;
+        c.lens_q = {256, 300, 0, 128, 77, 200};
+        c.lens_k = {300, 256, 5, 128, 400, 64};
+        c.b = 6; c.density = 0.6; c.hnd = !causal; c.o_f32 = false;
+        add(cases, c);
+      }
   // More query blocks than CTAs fit on an H200 at once (132 SMs x 1 or 2): the sm90 launch then
   // runs the tiles in order of their LUT row length (random rows: lengths vary), so a wrong order
   // computes some tile twice and leaves another's O poisoned.

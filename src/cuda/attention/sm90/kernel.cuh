@@ -485,6 +485,7 @@ __device__ __forceinline__ void producer(const Sm90Params& P, const Smem<Tr>& sm
 constexpr int kVoteBarrier = 1;
 constexpr int kTurnBarrier = 2;
 constexpr int kOwnVoteBarrier = 4;
+constexpr int kEpilogueBarrier = 8;  // + consumer warpgroup: the staged epilogue's barrier of its 128 threads
 
 // pv_threshold modes of the mainloop: off; per warp (each consumer warp votes on its own 16 rows
 // and publishes a tagged word; a warp reads the other warps' words only when its own rows all say
@@ -974,6 +975,60 @@ struct Consumer {
     return kt;
   }
 
+  // The staged epilogue (docs/attention_sm90.md, "Session 18"): O of Q's dtype through P.o_map, not
+  // fp8 (its Q buffer is half the size), not a split-tail chunk, and under varlen only when the
+  // warpgroup's 64 rows lie inside the sequence (the box would write the next sequence's rows; past
+  // the end of a padded batch's sequence TMA clips). With one Q buffer only on request: the buffer is
+  // released after the stores have read it, which then delays the next tile's Q load.
+  __device__ __forceinline__ bool staged(int unit) const {
+    if constexpr (Tr::kFp8) {
+      (void)unit;
+      return false;
+    } else {
+      if (P.o_tma == 0 || unit >= 0 || (P.variant & kVariantNoStaged) != 0) return false;
+      const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
+      if (!dbl && (P.variant & kVariantStagedSingle) == 0) return false;
+      return p.cu_seqlens_q == nullptr || t.q0 + cw * 64 + 64 <= t.sq;
+    }
+  }
+  // The normalized rows (as store_rows: O = 0 and LSE = -inf for an empty row) go into this
+  // warpgroup's 64 rows of the tile's Q buffer, dead since the last QK^T (q_empty is held back until
+  // here), in the 128-byte swizzled layout of the Q load (16-byte chunk c of row r at c ^ (r % 8):
+  // the eight rows of a 4-byte store instruction hit eight different chunks, no bank conflict). One
+  // thread then stores the slabs with TMA, waits until they have been read and releases the Q buffer
+  // for the warpgroup's four warps. The warps leave ~2000 cycles of global stores per tile behind
+  // (dev/sm90_trace, session 18).
+  __device__ __forceinline__ void store_staged(std::int64_t lse_base) const {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l_row = quad_sum(l[r]);
+      const bool empty = !(l_row > 0.0f);
+      const float inv = empty ? 0.0f : 1.0f / l_row;
+      const std::uint32_t row = q_tile + static_cast<std::uint32_t>((warp * 16 + g + 8 * r) * 128 + 4 * tq);
+#pragma unroll
+      for (int j = 0; j < Tr::kDTiles; ++j) {
+        shared_store(row + (j / 8) * Tr::kQSlab + (((j % 8) ^ g) * 16),
+                     Elem<T>::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv));
+      }
+      if (p.lse != nullptr && tq == 0 && row_in_seq[r] < t.sq) {
+        p.lse[lse_base + row_in_seq[r] * p.lse_stride[2]] =
+            empty ? -INFINITY : (m[r] + log2f(l_row)) * 0.69314718055994531f;
+      }
+    }
+    fence_smem_async();
+    named_barrier_sync(kEpilogueBarrier + cw, 128);
+    if (warp == 0 && lane == 0) {
+#pragma unroll
+      for (int s = 0; s < Tr::kSlabs; ++s) {
+        tma_store_4d(&P.o_map, sm.ptr(q_tile + s * Tr::kQSlab), s * 64, t.q_begin + t.q0 + cw * 64, t.h, t.b_dim0);
+      }
+      bulk_commit();
+      bulk_wait_read();
+      barrier_arrive_n(sm.q_empty(qb), 4);
+    }
+  }
+
   // The split tail's epilogue (Traits::kSplit): this warpgroup's rows of O / l in f32 and their LSE
   // in log2 units into the work unit's slices of part_o / part_lse, every row of the tile (rows past
   // sq too: the combine skips them). An empty row (l == 0) gets O = 0 and LSE = -inf, which the
@@ -1012,6 +1067,7 @@ struct Consumer {
                                       int unit, AheadFn&& ahead) {
     trace_mark<Tr>(P, 1 + cw, trace_nt, 1);
     [[maybe_unused]] const std::uint32_t seq_begin = seq;
+    const bool stage = __shfl_sync(0xffffffffu, staged(unit) ? 1 : 0, 0) != 0;  // provably uniform for ptxas
     // The first tile and its K scales before the Q wait: their global loads overlap it.
     const KeyTile kt0 = next_uniform_tile(it);
     float ksc[2];
@@ -1019,7 +1075,7 @@ struct Consumer {
     barrier_wait(sm.q_full(qb), q_phase);
     trace_mark<Tr>(P, 1 + cw, trace_nt, 2);
     if (kt0.kb[0] < 0) {
-      release(sm.q_empty(qb));
+      if (!stage) release(sm.q_empty(qb));
       ahead();
     } else {
       // Tile 0: S_0 alone.
@@ -1077,7 +1133,8 @@ struct Consumer {
         parity_prev = parity;
       }
       trace_mark<Tr>(P, 1 + cw, trace_nt, 6);
-      release(sm.q_empty(qb));  // every QK^T of this query block has completed (waited above)
+      // Every QK^T of this query block has completed (waited above); the staged epilogue releases later.
+      if (!stage) release(sm.q_empty(qb));
       // PV of the last tile.
       barrier_wait(sm.v_full(st_prev), parity_prev);
       const int skip_prev = decide<kVote>(vote_prev, seq_prev);
@@ -1110,7 +1167,9 @@ struct Consumer {
                  t.h * p.o_stride[2];
     }
     const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
-    if constexpr (Tr::kFp8) {
+    if (stage) {
+      store_staged(lse_base);
+    } else if constexpr (Tr::kFp8) {
       Fp8Epilogue f8;
       f8.v_scale = P.v_scale + (static_cast<std::int64_t>(t.b) * p.hk + t.hk) * Tr::kHeadDim;
 #pragma unroll
@@ -1593,7 +1652,9 @@ cudaError_t launch_kernel(const Sm90Params& p, int num_tiles, cudaStream_t strea
 template <class T, int HD, int BLKQ, int BLKK>
 cudaError_t Kernel<T, HD, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
   Sm90Params q = p;
-  q.variant = variant_bits();
+  // Default (SPARGE_SM90_VARIANT unset): two Q buffers where they fit (kQBufs), which the staged
+  // epilogue needs (session 18: it keeps the tile's Q buffer until its TMA stores have read it).
+  q.variant = variant_bits(kVariantQDouble);
   // 64-key LUT blocks are computed two per 128-key tile (with pv_threshold too: its per-block
   // decisions are taken per half) unless the variant bits say otherwise (bit 256 with
   // pv_threshold: the legacy unpaired path). BLKQ 64 at head dim 128 pairs only on request: its

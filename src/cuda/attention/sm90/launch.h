@@ -15,6 +15,11 @@ namespace sparge::cuda::attn::sm90 {
 
 struct Sm90Params {
   CUtensorMap q_map, k_map, v_map;  // 4-D (column, row, head, batch), 64 x rows boxes, 128B swizzle
+  // O with Q's dtype, 64 x 64 boxes (one consumer warpgroup's rows of a slab), 128B swizzle: the staged
+  // epilogue's TMA stores (Consumer::staged). Valid when o_tma is 1 (set by the launcher when the map
+  // could be encoded).
+  CUtensorMap o_map;
+  int o_tma = 0;
   KernelParams p;
   // CTA i computes tile order[i] (sparse, when the tiles do not all fit on the GPU at once: the
   // launch orders them by LUT row length, longest first, so the block scheduler's greedy dispatch
@@ -76,6 +81,9 @@ constexpr int kVariantNoCausalMulticast = 65536;  // causal dense 176 tile: no K
 constexpr int kVariantNoCausalPairs = 131072;     // causal dense (BLKQ >= 128 tiles): one CTA per tile (the default
                                                   // before session 16) instead of persistent CTAs on the paired
                                                   // order of causal_pair_slot (schedule.h)
+constexpr int kVariantStagedSingle = 262144;  // the staged epilogue also with one Q buffer (its release, after the
+                                              // TMA stores have read it, then delays the next tile's Q load)
+constexpr int kVariantNoStaged = 524288;      // no staged epilogue: O from registers (the default before session 18)
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT, head dim 64 or the dense 176-key tile (docs/attention_sm90.md: round 4, the
 // paired LUT since session 3, the 176 tile since session 13).

@@ -39,6 +39,10 @@ __device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
 }
 
 // The producer's arrival announcing `bytes` of TMA transactions on this phase.
+// `n` arrivals at once (one thread releasing for its warpgroup's warps).
+__device__ __forceinline__ void barrier_arrive_n(std::uint64_t* bar, std::uint32_t n) {
+  (void)ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, n);
+}
 __device__ __forceinline__ void barrier_expect_bytes(std::uint64_t* bar, std::uint32_t bytes) {
   (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
 }
@@ -50,6 +54,21 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tensor_map, i
   const std::int32_t coords[4] = {c0, c1, c2, c3};
   ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, tensor_map, coords, bar);
 }
+
+// One box from shared memory to global memory (TMA store, this thread's bulk group; the shared
+// memory must have been written before a fence_smem_async by its writers and a barrier). Then
+// bulk_commit, and bulk_wait_read before the shared memory is reused (or before exit).
+__device__ __forceinline__ void tma_store_4d(const void* tensor_map, const void* src, int c0, int c1, int c2, int c3) {
+  const std::int32_t coords[4] = {c0, c1, c2, c3};
+  ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, tensor_map, coords, src);
+}
+__device__ __forceinline__ void bulk_commit() { ptx::cp_async_bulk_commit_group(); }
+__device__ __forceinline__ void bulk_wait_read() { ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{}); }
+__device__ __forceinline__ void shared_store(std::uint32_t addr, std::uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// This thread's generic-proxy writes to shared memory made visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_smem_async() { ptx::fence_proxy_async(ptx::space_shared); }
 
 // A hint: the same box fetched into L2 only (no shared memory, no barrier; PTX
 // cp.async.bulk.prefetch.tensor, which CCCL's cuda::ptx does not wrap).
