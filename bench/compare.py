@@ -89,20 +89,21 @@ def time_cuda(fn, input_sets, warmup, iters, warmup_ms=0.0):
     return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "runs": len(ms)}
 
 
-def time_ab(fa, fb, input_sets, warmup, rounds, block=5, settle=2, warmup_ms=0.0):
+def time_ab(fa, fb, input_sets, warmup, rounds, block=5, settle=2, warmup_ms=0.0, settle_ms=0.0):
     """Medians of fa and fb timed in alternating blocks, A B B A A B ...: each block runs `settle`
     untimed calls, then `block` timed ones (CUDA events per call), so each peer is timed near its own
     steady clock, while drift over the run (temperature) falls on both. Single calls alternated A B A B
     were tried first (session 16, s16r2) and measure each peer partly under the other's power state:
-    the follower of a power-hungrier kernel starts on lower clocks."""
+    the follower of a power-hungrier kernel starts on lower clocks. Session 18: the settle calls also last
+    at least settle_ms of GPU time (--settle-ms), since 2 calls of a 1.6 ms kernel left the previous
+    peer's clocks in the block: the A/B and the rows disagreed by up to 10% on the short kernels."""
     warm_up([fa, fb], input_sets, warmup, warmup_ms)
     blocks = max(2, (rounds + block - 1) // block)
     times = {0: [], 1: []}
     for i in range(blocks):
         for which in ((0, 1) if i % 2 == 0 else (1, 0)):
             fn = fa if which == 0 else fb
-            for j in range(settle):
-                fn(*input_sets[j % len(input_sets)])
+            warm_up([fn], input_sets, settle, settle_ms)
             ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(block)]
             for j, (e0, e1) in enumerate(ev):
                 args = input_sets[j % len(input_sets)]
@@ -298,7 +299,8 @@ class Bench:
         row.update({"name": name, "kind": "ab", "peer": peer, "target": target})
         row.update(extra or {})
         try:
-            ma, mb = time_ab(fa, fb, input_sets, self.args.warmup, self.args.ab, warmup_ms=self.args.warmup_ms)
+            ma, mb = time_ab(fa, fb, input_sets, self.args.warmup, self.args.ab, warmup_ms=self.args.warmup_ms,
+                             settle_ms=self.args.settle_ms)
             row.update({"peer_ms": ma, "sparge_ms": mb, "ratio": ma / mb, "rounds": self.args.ab})
             print(f"  {name:<42} A/B x{self.args.ab}: {peer} {ma:.3f} ms, sparge {mb:.3f} ms, "
                   f"ratio {ma / mb:.3f}", flush=True)
@@ -998,6 +1000,8 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--warmup-ms", type=float, default=200.0,
                     help="warm-up also lasts at least this many milliseconds of GPU time (every row alike)")
+    ap.add_argument("--settle-ms", type=float, default=50.0,
+                    help="--ab: each block's untimed calls last at least this many milliseconds of GPU time")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",
                                                   "benchmarks"))
@@ -1028,6 +1032,7 @@ def parse_args(argv=None):
         args.iters = max(10, min(args.iters, 10))
         args.warmup = min(args.warmup, 3)
         args.warmup_ms = min(args.warmup_ms, 20.0)
+        args.settle_ms = min(args.settle_ms, 10.0)
     args.d = [int(x) for x in args.d.split(",") if x]
     args.topk = [float(x) for x in args.topk.split(",") if x]
     args.token_swap = [float(x) for x in args.token_swap.split(",") if x]
@@ -1058,7 +1063,7 @@ def main(argv=None):
         "date": now.isoformat(timespec="seconds"), "device": props.name, "sms": props.multi_processor_count,
         "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
         "sparge": sparge.__version__, "blkq": args.blkq, "blkk": args.blkk, "flex_blk": args.flex_blk,
-        "warmup": args.warmup, "warmup_ms": args.warmup_ms, "iters": args.iters, "paths": args.paths, "token": args.token,
+        "warmup": args.warmup, "warmup_ms": args.warmup_ms, "settle_ms": args.settle_ms, "iters": args.iters, "paths": args.paths, "token": args.token,
         "SPARGE_ATTN_PATH": os.environ.get("SPARGE_ATTN_PATH"),
         "method": "median of CUDA-event timings after warm-up; FLOPs 4*B*H*pairs*D (PERF.md)",
     }

@@ -992,12 +992,12 @@ SPARGE_CASES(AttentionGpuSparse) {
         c.hnd = false; c.hq = 4; c.hk = 1; c.lse = false; c.o_f32 = false; c.causal = false;
         add(cases, c);
       }
-  // The staged epilogue (session 18: O through the tile's Q buffer and TMA stores, BLKQ 128 LUT kernels with
-  // two Q buffers by default): O in the input dtype with the LSE, NHD and HND, causal, more query tiles than
-  // CTAs (persistent), a ragged last tile (sq % 128 != 0); the same with the register epilogue (bits 2048 |
-  // 524288) and with the staged epilogue on one Q buffer (262144); then ragged batches, whose warpgroups that
-  // reach past their sequence's end store from registers.
-  for (int v : {-1, 2048 | 524288, 262144})
+  // The staged epilogue (session 18: O through the tile's Q buffer and TMA stores; opt-in: with two Q buffers,
+  // bit 2048, where they fit, hd64 here; on one Q buffer, bit 262144): O in the input dtype with the LSE, NHD
+  // and HND, causal, more query tiles than CTAs (persistent), a ragged last tile (sq % 128 != 0), against the
+  // default register epilogue; then ragged batches, whose warpgroups that reach past their sequence's end
+  // store from registers.
+  for (int v : {-1, 2048, 262144})
     for (int d : kDims)
       for (int blkk : {64, 128})
         for (bool causal : {false, true}) {
@@ -1014,7 +1014,7 @@ SPARGE_CASES(AttentionGpuSparse) {
         c.dt = DType::f16; c.d = d; c.blkq = 128; c.blkk = blkk; c.causal = causal; c.hq = 4; c.hk = 2;
         c.lens_q = {256, 300, 0, 128, 77, 200};
         c.lens_k = {300, 256, 5, 128, 400, 64};
-        c.b = 6; c.density = 0.6; c.hnd = !causal; c.o_f32 = false;
+        c.b = 6; c.density = 0.6; c.hnd = !causal; c.o_f32 = false; c.variant = 262144;
         add(cases, c);
       }
   // More query blocks than CTAs fit on an H200 at once (132 SMs x 1 or 2): the sm90 launch then
