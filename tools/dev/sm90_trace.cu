@@ -120,16 +120,17 @@ int run(double density, int timed) {
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
   for (int i = 0; i < 10; ++i) CHECK(sm90::launch_kernel<Tr>(P, tiles, nullptr));
-  std::vector<double> ms;
-  for (int i = 0; i < timed; ++i) {
+  const auto timed_launch = [&] {  // milliseconds of one launch between two events
     CHECK(cudaEventRecord(e0));
     CHECK(sm90::launch_kernel<Tr>(P, tiles, nullptr));
     CHECK(cudaEventRecord(e1));
     CHECK(cudaEventSynchronize(e1));
     float t = 0;
     CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
+    return static_cast<double>(t);
+  };
+  std::vector<double> ms;
+  for (int i = 0; i < timed; ++i) ms.push_back(timed_launch());
   const double flops = 4.0 * B * H * static_cast<double>(S) * count * BK * D;
   const double med = median(ms);
   std::printf("blk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
@@ -140,12 +141,7 @@ int run(double density, int timed) {
   CHECK(cudaMalloc(&dtrace, words * 8));
   CHECK(cudaMemset(dtrace, 0, words * 8));
   P.trace = dtrace;
-  CHECK(cudaEventRecord(e0));
-  CHECK(sm90::launch_kernel<Tr>(P, tiles, nullptr));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float traced_ms = 0;
-  CHECK(cudaEventElapsedTime(&traced_ms, e0, e1));
+  const double traced_ms = timed_launch();
   std::vector<long long> tr(words);
   CHECK(cudaMemcpy(tr.data(), dtrace, words * 8, cudaMemcpyDeviceToHost));
   const auto at = [&](int cta, int role, int nt, int ev) {
