@@ -333,8 +333,12 @@ Status launch(const Problem& pb, const Selection& sel, const KernelParams& kp, c
     sp.q_map = sel.q_map;
     sp.k_map = sel.k_map;
     sp.v_map = sel.v_map;
-    // The staged epilogue's map (64-row boxes: one consumer warpgroup); without it O is stored from registers.
-    sp.o_tma = !kp.o_is_f32 && attn::sm90::encode_tensor_map(&sp.o_map, *pb.o, 64) ? 1 : 0;
+    // The staged epilogue's map (64-row boxes: one consumer warpgroup), when the variant bits ask for that
+    // epilogue; without it O is stored from registers.
+    sp.o_tma = !kp.o_is_f32 && attn::sm90::staged_bits(attn::sm90::variant_bits()) &&
+                       attn::sm90::encode_tensor_map(&sp.o_map, *pb.o, 64)
+                   ? 1
+                   : 0;
     sp.p = kp;
     err = sel.sm90->launch(sp, static_cast<int>(tiles), stream);
   } else {

@@ -268,9 +268,12 @@ __device__ __forceinline__ Tile make_tile(const KernelParams& p, int tile_index,
 __device__ __forceinline__ const std::int32_t* lut_count_ptr(const KernelParams& p, const Tile& t) {
   return p.counts + t.b * p.counts_stride[0] + t.h * p.counts_stride[1] + t.qb * p.counts_stride[2];
 }
-__device__ __forceinline__ int lut_count(const KernelParams& p, const Tile& t) {
-  const int count = *lut_count_ptr(p, t);
+// A LUT row's count as the kernel uses it: clamped into [0, nk_lut].
+__device__ __forceinline__ int clamp_count(const KernelParams& p, int count) {
   return count < 0 ? 0 : (count > p.nk_lut ? p.nk_lut : count);
+}
+__device__ __forceinline__ int lut_count(const KernelParams& p, const Tile& t) {
+  return clamp_count(p, *lut_count_ptr(p, t));
 }
 __device__ __forceinline__ const std::int32_t* lut_row(const KernelParams& p, const Tile& t) {
   return p.lut + t.b * p.lut_stride[0] + t.h * p.lut_stride[1] + t.qb * p.lut_stride[2];
@@ -319,8 +322,7 @@ __device__ __forceinline__ WarpWalk make_warp_walk(const KernelParams& p, const 
   it.lane = lane;
   it.row = lut_row(p, t);
   it.stride = p.lut_stride[3];
-  const int count = __shfl_sync(0xffffffffu, a.count, 0);  // uniform (one address), provably so for ptxas
-  it.n = count < 0 ? 0 : (count > p.nk_lut ? p.nk_lut : count);
+  it.n = clamp_count(p, __shfl_sync(0xffffffffu, a.count, 0));  // uniform (one address), provably so for ptxas
   it.mine = lane < it.n ? a.e0 : -1;
   it.pending = __ballot_sync(0xffffffffu, static_cast<std::uint32_t>(it.mine) < it.visible);
   it.mine_next = 32 + lane < it.n ? a.e1 : -1;
@@ -985,7 +987,7 @@ struct Consumer {
       (void)unit;
       return false;
     } else {
-      if (P.o_tma == 0 || unit >= 0 || (P.variant & kVariantNoStaged) != 0) return false;
+      if (P.o_tma == 0 || unit >= 0 || !staged_bits(P.variant)) return false;
       const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
       if (!dbl && (P.variant & kVariantStagedSingle) == 0) return false;
       return p.cu_seqlens_q == nullptr || t.q0 + cw * 64 + 64 <= t.sq;
@@ -1012,8 +1014,7 @@ struct Consumer {
                      Elem<T>::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv));
       }
       if (p.lse != nullptr && tq == 0 && row_in_seq[r] < t.sq) {
-        p.lse[lse_base + row_in_seq[r] * p.lse_stride[2]] =
-            empty ? -INFINITY : (m[r] + log2f(l_row)) * 0.69314718055994531f;
+        p.lse[lse_base + row_in_seq[r] * p.lse_stride[2]] = row_lse(m[r], l_row, empty);
       }
     }
     fence_smem_async();

@@ -84,6 +84,11 @@ constexpr int kVariantNoCausalPairs = 131072;     // causal dense (BLKQ >= 128 t
 constexpr int kVariantStagedSingle = 262144;  // the staged epilogue also with one Q buffer (its release, after the
                                               // TMA stores have read it, then delays the next tile's Q load)
 constexpr int kVariantNoStaged = 524288;      // no staged epilogue: O from registers (the default before session 18)
+// Whether these bits can turn the staged epilogue on (Consumer::staged adds the per-kernel and per-tile
+// conditions): the launcher encodes o_map only then, off the default path's host time.
+constexpr bool staged_bits(int variant) {
+  return (variant & kVariantNoStaged) == 0 && (variant & (kVariantQDouble | kVariantStagedSingle)) != 0;
+}
 // Default persistence (no bit 16 / 64): non-causal, BLKQ >= 128, unpaired tiles or paired ones at head
 // dim 128, and a LUT, head dim 64 or the dense 176-key tile (docs/attention_sm90.md: round 4, the
 // paired LUT since session 3, the 176 tile since session 13).

@@ -38,11 +38,11 @@ __device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
   (void)ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar);
 }
 
-// The producer's arrival announcing `bytes` of TMA transactions on this phase.
 // `n` arrivals at once (one thread releasing for its warpgroup's warps).
 __device__ __forceinline__ void barrier_arrive_n(std::uint64_t* bar, std::uint32_t n) {
   (void)ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, n);
 }
+// The producer's arrival announcing `bytes` of TMA transactions on this phase.
 __device__ __forceinline__ void barrier_expect_bytes(std::uint64_t* bar, std::uint32_t bytes) {
   (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
 }

@@ -66,6 +66,11 @@ __device__ __forceinline__ uint4 quad_transpose(const std::uint32_t (&w)[4], int
   return hi ? make_uint4(y0, y1, x0, x1) : make_uint4(x0, x1, y0, y1);
 }
 
+// A row's LSE (natural log) from its running max m (log2 units) and denominator; -inf for an empty row.
+__device__ __forceinline__ float row_lse(float m, float l_row, bool empty) {
+  return empty ? -INFINITY : (m + log2f(l_row)) * 0.69314718055994531f;
+}
+
 // Normalizes the two rows by their denominators (l: this thread's partial sums, summed over the
 // quad here) and stores O (input dtype or f32) and the optional LSE from registers. Every row that
 // exists in the sequence is written; an empty row (l == 0, or -0.0) gets O = 0 and LSE = -inf.
@@ -151,7 +156,7 @@ __device__ __forceinline__ void store_rows(const KernelParams& p, const float (&
       }
     }
     if (p.lse != nullptr && t == 0) {
-      float lse = empty ? -INFINITY : (m[r] + log2f(l_row)) * 0.69314718055994531f;
+      float lse = row_lse(m[r], l_row, empty);
       if constexpr (kFp8) {
         if (!empty) lse = (m[r] + log2f(l_row) - 8.0f) * 0.69314718055994531f + f8.lse_shift[r];
       }
