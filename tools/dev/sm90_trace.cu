@@ -25,9 +25,10 @@ using sparge::cuda::attn::KernelParams;
 
 namespace {
 
-template <class Base>
+template <class Base, bool kTraceLoop_ = false>
 struct Traced : Base {
   static constexpr bool kTrace = true;
+  static constexpr bool kTraceLoop = kTraceLoop_;
 };
 
 __global__ void fill_random(__half* x, long long n, unsigned seed) {
@@ -185,6 +186,26 @@ int run(double density, int timed) {
                 d[0].size(), median(nkts));
     for (int e = 0; e < 12; ++e) std::printf("  %-28s %9.0f\n", names[e], median(d[e]));
   }
+  // Inside the loop's key tile kTraceKeyTile (events 10..17), per consumer warpgroup.
+  const char* loop_names[] = {"K/V waits + decide (e11-e10)", "turn wait (e12-e11)", "GEMM issue (e13-e12)",
+                              "S wait (e14-e13)", "softmax (e15-e14)", "PV wait (e16-e15)",
+                              "rescale + pack (e17-e16)"};
+  for (int role = 1; role <= 2; ++role) {
+    std::vector<std::vector<double>> d(8);
+    for (int c = 0; c < ctas; ++c) {
+      for (int nt = 0; nt < sm90::kTraceTiles; ++nt) {
+        if (at(c, role, nt, 0) == 0) break;
+        if (at(c, role, nt, 10) == 0 || at(c, role, nt, 17) == 0) continue;
+        for (int e = 0; e < 7; ++e) d[e].push_back(static_cast<double>(at(c, role, nt, 11 + e) - at(c, role, nt, 10 + e)));
+        d[7].push_back(static_cast<double>(at(c, role, nt, 17) - at(c, role, nt, 10)));
+      }
+    }
+    if (d[7].empty()) continue;  // no loop stamps (Traits::kTraceLoop false)
+    std::printf("consumer warpgroup %d, key tile %u of the loop (%zu samples), median cycles:", role - 1,
+                sm90::kTraceKeyTile, d[7].size());
+    for (int e = 0; e < 7; ++e) std::printf("%s %s %.0f", e == 0 ? "" : ",", loop_names[e], median(d[e]));
+    std::printf("; whole %.0f\n", median(d[7]));
+  }
   // Producer: tile start -> Q issued -> first K/V stage issued -> all issued; and how far ahead of the
   // consumers it runs (its first stage of tile nt against consumer 0's epilogue end of tile nt - 1).
   std::vector<double> pq, pfirst, pall, ahead;
@@ -213,10 +234,13 @@ int main(int argc, char** argv) {
   const double density = argc > 1 ? std::atof(argv[1]) : 0.1;
   const int blkk = argc > 2 ? std::atoi(argv[2]) : 128;
   const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
-  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128) || timed < 1) {
-    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128] [timed runs >= 1]\n");
+  const int mode = argc > 4 ? std::atoi(argv[4]) : 0;
+  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128) || timed < 1 || mode < 0 || mode > 1) {
+    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128] [timed runs >= 1] [mode 0|1: "
+                         "1 also stamps inside key tile %u of the loop (blkk 128)]\n", sm90::kTraceKeyTile);
     return 2;
   }
-  if (blkk == 128) return run<Traced<sm90::Traits<__half, 128, 128, 128>>>(density, timed);
+  using T128 = sm90::Traits<__half, 128, 128, 128>;
+  if (blkk == 128) return mode == 1 ? run<Traced<T128, true>>(density, timed) : run<Traced<T128>>(density, timed);
   return run<Traced<sm90::Traits<__half, 128, 128, 64, true>>>(density, timed);
 }

@@ -100,13 +100,16 @@ struct Traits {
   static constexpr int kHalfTiles = 8;
   // dev/sm90_trace derives a Traits with kTrace = true: per-tile clock stamps (trace_mark).
   static constexpr bool kTrace = false;
+  // dev/sm90_trace mode 1: also stamps inside the key-tile loop (16 more registers per consumer thread).
+  static constexpr bool kTraceLoop = false;
 };
 
 // Per-tile event stamps of dev/sm90_trace (Traits::kTrace; no other kernel compiles any of this):
 // P.trace[((cta * 3 + role) * kTraceTiles + nt) * kTraceEvents + ev] = clock64() (or `value`), where
 // role 0 is the producer, 1 + cw a consumer warpgroup (its first thread), nt the CTA's tile count.
 constexpr int kTraceTiles = 96;
-constexpr int kTraceEvents = 12;
+constexpr int kTraceEvents = 20;  // 0..9 per tile, 10..17 inside the loop's key tile kTraceKeyTile
+constexpr std::uint32_t kTraceKeyTile = 3;
 template <class Tr>
 __device__ __forceinline__ void trace_mark(const Sm90Params& P, int role, std::uint32_t nt, int ev,
                                            long long value = -1) {
@@ -1100,6 +1103,7 @@ struct Consumer {
       bool half_prev = kt0.kb[1] < 0;
       rescale_and_pack(alpha);
       trace_mark<Tr>(P, 1 + cw, trace_nt, 5);
+      long long loop_clock[8] = {};  // dev/sm90_trace only (mark below); unused otherwise
       for (;;) {
         const KeyTile kt = next_uniform_tile(it);
         if (kt.kb[0] < 0) break;
@@ -1107,26 +1111,45 @@ struct Consumer {
         const int st = ring.st;
         const std::uint32_t parity = ring.phase;
         const std::uint32_t seq_cur = seq++;
+        // dev/sm90_trace only: clocks inside key tile kTraceKeyTile of the loop (events 10..17), kept
+        // in registers by a select (a branch here would make ptxas serialize the wgmmas: C7520) and
+        // stored after the loop.
+        const auto mark = [&](int ev) {
+          if constexpr (Tr::kTrace && Tr::kTraceLoop) {
+            const long long t = clock64();
+            loop_clock[ev - 10] = seq_cur - seq_begin == kTraceKeyTile ? t : loop_clock[ev - 10];
+          } else {
+            (void)ev;
+          }
+        };
+        mark(10);
         ring.advance();
         barrier_wait(sm.k_full(st), parity);
         barrier_wait(sm.v_full(st_prev), parity_prev);
         const int skip_prev = decide<kVote>(vote_prev, seq_prev);
+        mark(11);
         turn_begin();
+        mark(12);
         wgmma_fence();
         fence_accumulator(s);
         fence_accumulator(o);
         issue_qk(st);
         issue_pv<kVote>(st_prev, skip_prev, half_prev);
         turn_end();
+        mark(13);
         wgmma_wait<1>();
         fence_accumulator(s);
+        mark(14);
         release_kv(sm.k_empty(st));
         const int vote = softmax_step<kVote>(kt, alpha, seq_cur, ksc);
+        mark(15);
         wgmma_wait<0>();
         fence_accumulator(o);
         fence_p();
+        mark(16);
         release_kv(sm.v_empty(st_prev));
         rescale_and_pack(alpha);
+        mark(17);
         vote_prev = vote;
         seq_prev = seq_cur;
         half_prev = kt.kb[1] < 0;
@@ -1134,6 +1157,10 @@ struct Consumer {
         parity_prev = parity;
       }
       trace_mark<Tr>(P, 1 + cw, trace_nt, 6);
+      if constexpr (Tr::kTrace && Tr::kTraceLoop) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) trace_mark<Tr>(P, 1 + cw, trace_nt, 10 + e, loop_clock[e]);
+      }
       // Every QK^T of this query block has completed (waited above); the staged epilogue releases later.
       if (!stage) release(sm.q_empty(qb));
       // PV of the last tile.
