@@ -186,25 +186,30 @@ int run(double density, int timed) {
                 d[0].size(), median(nkts));
     for (int e = 0; e < 12; ++e) std::printf("  %-28s %9.0f\n", names[e], median(d[e]));
   }
-  // Inside the loop's key tile kTraceKeyTile (events 10..17), per consumer warpgroup.
-  const char* loop_names[] = {"K/V waits + decide (e11-e10)", "turn wait (e12-e11)", "GEMM issue (e13-e12)",
-                              "S wait (e14-e13)", "softmax (e15-e14)", "PV wait (e16-e15)",
-                              "rescale + pack (e17-e16)"};
+  // Inside the loop's key tile kTraceKeyTile (events first = kTraceLoopFirst .. last), per
+  // consumer warpgroup: the kTraceLoopEvents - 1 intervals between them, then the whole (last - first).
+  constexpr int first = sm90::kTraceLoopFirst, last = first + sm90::kTraceLoopEvents - 1, gaps = last - first;
+  const char* loop_names[gaps] = {"K/V waits + decide", "turn wait", "GEMM issue", "S wait", "softmax", "PV wait",
+                                  "rescale + pack"};
   for (int role = 1; role <= 2; ++role) {
-    std::vector<std::vector<double>> d(8);
+    std::vector<std::vector<double>> d(gaps + 1);
     for (int c = 0; c < ctas; ++c) {
       for (int nt = 0; nt < sm90::kTraceTiles; ++nt) {
         if (at(c, role, nt, 0) == 0) break;
-        if (at(c, role, nt, 10) == 0 || at(c, role, nt, 17) == 0) continue;
-        for (int e = 0; e < 7; ++e) d[e].push_back(static_cast<double>(at(c, role, nt, 11 + e) - at(c, role, nt, 10 + e)));
-        d[7].push_back(static_cast<double>(at(c, role, nt, 17) - at(c, role, nt, 10)));
+        if (at(c, role, nt, first) == 0 || at(c, role, nt, last) == 0) continue;
+        for (int e = 0; e < gaps; ++e) {
+          d[e].push_back(static_cast<double>(at(c, role, nt, first + e + 1) - at(c, role, nt, first + e)));
+        }
+        d[gaps].push_back(static_cast<double>(at(c, role, nt, last) - at(c, role, nt, first)));
       }
     }
-    if (d[7].empty()) continue;  // no loop stamps (Traits::kTraceLoop false)
+    if (d[gaps].empty()) continue;  // no loop stamps (Traits::kTraceLoop false)
     std::printf("consumer warpgroup %d, key tile %u of the loop (%zu samples), median cycles:", role - 1,
-                sm90::kTraceKeyTile, d[7].size());
-    for (int e = 0; e < 7; ++e) std::printf("%s %s %.0f", e == 0 ? "" : ",", loop_names[e], median(d[e]));
-    std::printf("; whole %.0f\n", median(d[7]));
+                sm90::kTraceKeyTile, d[gaps].size());
+    for (int e = 0; e < gaps; ++e) {
+      std::printf("%s %s (e%d-e%d) %.0f", e == 0 ? "" : ",", loop_names[e], first + e + 1, first + e, median(d[e]));
+    }
+    std::printf("; whole %.0f\n", median(d[gaps]));
   }
   // Producer: tile start -> Q issued -> first K/V stage issued -> all issued; and how far ahead of the
   // consumers it runs (its first stage of tile nt against consumer 0's epilogue end of tile nt - 1).
@@ -235,7 +240,8 @@ int main(int argc, char** argv) {
   const int blkk = argc > 2 ? std::atoi(argv[2]) : 128;
   const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
   const int mode = argc > 4 ? std::atoi(argv[4]) : 0;
-  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128) || timed < 1 || mode < 0 || mode > 1) {
+  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128) || timed < 1 || mode < 0 || mode > 1 ||
+      (mode == 1 && blkk != 128)) {
     std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128] [timed runs >= 1] [mode 0|1: "
                          "1 also stamps inside key tile %u of the loop (blkk 128)]\n", sm90::kTraceKeyTile);
     return 2;

@@ -108,7 +108,9 @@ struct Traits {
 // P.trace[((cta * 3 + role) * kTraceTiles + nt) * kTraceEvents + ev] = clock64() (or `value`), where
 // role 0 is the producer, 1 + cw a consumer warpgroup (its first thread), nt the CTA's tile count.
 constexpr int kTraceTiles = 96;
-constexpr int kTraceEvents = 20;  // 0..9 per tile, 10..17 inside the loop's key tile kTraceKeyTile
+constexpr int kTraceLoopFirst = 10;  // events 0..9 per tile, then kTraceLoopEvents inside key tile kTraceKeyTile
+constexpr int kTraceLoopEvents = 8;   // of the loop (Traits::kTraceLoop)
+constexpr int kTraceEvents = kTraceLoopFirst + kTraceLoopEvents;
 constexpr std::uint32_t kTraceKeyTile = 3;
 template <class Tr>
 __device__ __forceinline__ void trace_mark(const Sm90Params& P, int role, std::uint32_t nt, int ev,
@@ -1103,7 +1105,7 @@ struct Consumer {
       bool half_prev = kt0.kb[1] < 0;
       rescale_and_pack(alpha);
       trace_mark<Tr>(P, 1 + cw, trace_nt, 5);
-      long long loop_clock[8] = {};  // dev/sm90_trace only (mark below); unused otherwise
+      long long loop_clock[kTraceLoopEvents] = {};  // dev/sm90_trace only (mark below); unused otherwise
       for (;;) {
         const KeyTile kt = next_uniform_tile(it);
         if (kt.kb[0] < 0) break;
@@ -1111,13 +1113,13 @@ struct Consumer {
         const int st = ring.st;
         const std::uint32_t parity = ring.phase;
         const std::uint32_t seq_cur = seq++;
-        // dev/sm90_trace only: clocks inside key tile kTraceKeyTile of the loop (events 10..17), kept
+        // dev/sm90_trace only: clocks inside key tile kTraceKeyTile of the loop (events kTraceLoopFirst..), kept
         // in registers by a select (a branch here would make ptxas serialize the wgmmas: C7520) and
         // stored after the loop.
         const auto mark = [&](int ev) {
           if constexpr (Tr::kTrace && Tr::kTraceLoop) {
             const long long t = clock64();
-            loop_clock[ev - 10] = seq_cur - seq_begin == kTraceKeyTile ? t : loop_clock[ev - 10];
+            loop_clock[ev - kTraceLoopFirst] = seq_cur - seq_begin == kTraceKeyTile ? t : loop_clock[ev - kTraceLoopFirst];
           } else {
             (void)ev;
           }
@@ -1159,7 +1161,7 @@ struct Consumer {
       trace_mark<Tr>(P, 1 + cw, trace_nt, 6);
       if constexpr (Tr::kTrace && Tr::kTraceLoop) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) trace_mark<Tr>(P, 1 + cw, trace_nt, 10 + e, loop_clock[e]);
+        for (int e = 0; e < kTraceLoopEvents; ++e) trace_mark<Tr>(P, 1 + cw, trace_nt, kTraceLoopFirst + e, loop_clock[e]);
       }
       // Every QK^T of this query block has completed (waited above); the staged epilogue releases later.
       if (!stage) release(sm.q_empty(qb));
