@@ -2,7 +2,7 @@
 // producer and consumer warpgroups (trace_mark in src/cuda/attention/sm90/kernel.cuh), on a random
 // LUT of a given density at b2 h32 s16384 d128 fp16 (the benchmark shape).
 //
-//   sparge_sm90_trace [density=0.1] [blkk=128|64] [timed runs=20]
+//   sparge_sm90_trace [density=0.1] [blkk=128|64] [timed runs=20] [mode=0..3]
 //
 // Runs a Traits with kTrace = true (a distinct kernel; the library's kernels compile no stamps),
 // times it without stamps (P.trace = nullptr: only the stamps' branches), then once with them, and
@@ -25,10 +25,11 @@ using sparge::cuda::attn::KernelParams;
 
 namespace {
 
-template <class Base, bool kTraceLoop_ = false>
+template <class Base, bool kTraceLoop_ = false, bool kFlip = false>
 struct Traced : Base {
   static constexpr bool kTrace = true;
   static constexpr bool kTraceLoop = kTraceLoop_;
+  static constexpr bool kRowStagger = Base::kRowStagger != kFlip;
 };
 
 __global__ void fill_random(__half* x, long long n, unsigned seed) {
@@ -240,13 +241,23 @@ int main(int argc, char** argv) {
   const int blkk = argc > 2 ? std::atoi(argv[2]) : 128;
   const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
   const int mode = argc > 4 ? std::atoi(argv[4]) : 0;
-  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128) || timed < 1 || mode < 0 || mode > 1 ||
-      (mode == 1 && blkk != 128)) {
-    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128] [timed runs >= 1] [mode 0|1: "
-                         "1 also stamps inside key tile %u of the loop (blkk 128)]\n", sm90::kTraceKeyTile);
+  // mode bit 0: stamps inside key tile kTraceKeyTile of the loop (blkk 128); bit 1: Traits::kRowStagger flipped (on).
+  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128) || timed < 1 || mode < 0 || mode > 3 ||
+      ((mode & 1) != 0 && blkk != 128)) {
+    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128] [timed runs >= 1] [mode 0..3: "
+                         "bit 0 also stamps inside key tile %u of the loop (blkk 128), bit 1 flips Traits::kRowStagger]\n",
+                 sm90::kTraceKeyTile);
     return 2;
   }
   using T128 = sm90::Traits<__half, 128, 128, 128>;
-  if (blkk == 128) return mode == 1 ? run<Traced<T128, true>>(density, timed) : run<Traced<T128>>(density, timed);
+  std::printf("mode %d\n", mode);
+  if (blkk == 128) {
+    switch (mode) {
+      case 0: return run<Traced<T128>>(density, timed);
+      case 1: return run<Traced<T128, true>>(density, timed);
+      case 2: return run<Traced<T128, false, true>>(density, timed);
+      default: return run<Traced<T128, true, true>>(density, timed);
+    }
+  }
   return run<Traced<sm90::Traits<__half, 128, 128, 64, true>>>(density, timed);
 }

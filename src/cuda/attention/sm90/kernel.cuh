@@ -102,6 +102,11 @@ struct Traits {
   static constexpr bool kTrace = false;
   // dev/sm90_trace mode 1: also stamps inside the key-tile loop (16 more registers per consumer thread).
   static constexpr bool kTraceLoop = false;
+  // softmax_step (fp16 / bf16, no pv_threshold): the second row's max reduction made to wait for the first
+  // row's first exponential, so ptxas places it among the first row's MUFU.EX2 (which issue every 8 cycles)
+  // instead of before them. Session 20: -1.2% / -1.5% at LUT density 0.4 / 1.0 in the trace harness (its mode
+  // bit 1 flips this); off until the GPU suite has run with it on (no device time was left for that).
+  static constexpr bool kRowStagger = false;
 };
 
 // Per-tile event stamps of dev/sm90_trace (Traits::kTrace; no other kernel compiles any of this):
@@ -715,6 +720,19 @@ struct Consumer {
     }
     return fmaxf(x0, x1);
   }
+  // raw_max whose two chains start from x + dep: dep = +0 (so only a -0 score becomes +0, which no max, P or
+  // sum can tell apart), there only to make ptxas wait for whatever computes it (Traits::kRowStagger).
+  template <int j0, int j1>
+  __device__ __forceinline__ float raw_max_after(int r, float dep) const {
+    float x0 = fmaxf(s[j0][2 * r] + dep, s[j0][2 * r + 1]);
+    float x1 = fmaxf(s[j0 + 1][2 * r] + dep, s[j0 + 1][2 * r + 1]);
+#pragma unroll
+    for (int j = j0 + 2; j < j1; j += 2) {
+      x0 = fmaxf(x0, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      x1 = fmaxf(x1, fmaxf(s[j + 1][2 * r], s[j + 1][2 * r + 1]));
+    }
+    return fmaxf(x0, x1);
+  }
 
   // This warp's pv_threshold vote (kVoteWarp): ok0 / ok1 say whether this thread's rows allow
   // skipping the tile's first / second LUT block; bit b of the result says whether all 16 rows of
@@ -781,23 +799,25 @@ struct Consumer {
   // rescaled by. A row with no visible key yet (m = -inf) uses 0 as its max (all its P are 0).
   // scale(r, j): the scale of row r's score tile j (compile-time j; a register per row or half).
   template <int kLog2P, class Scale>
+  __device__ __forceinline__ void exponentiate_row(int r, const float (&m_old)[2], float (&alpha)[2], Scale scale) {
+    const float m_use = m[r] == -INFINITY ? 0.0f : m[r];
+    alpha[r] = ex2(m_old[r] - m_use);
+    const float neg = kLog2P == 0 ? -m_use : static_cast<float>(kLog2P) - m_use;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Tr::kKTiles; ++j) {
+      const float cj = scale(r, j);
+      s[j][2 * r] = ex2(fmaf(s[j][2 * r], cj, neg));
+      s[j][2 * r + 1] = ex2(fmaf(s[j][2 * r + 1], cj, neg));
+      sum0 += s[j][2 * r];
+      sum1 += s[j][2 * r + 1];
+    }
+    l[r] = l[r] * alpha[r] + (sum0 + sum1);
+  }
+  template <int kLog2P, class Scale>
   __device__ __forceinline__ void exponentiate(const float (&m_old)[2], float (&alpha)[2], Scale scale) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_use = m[r] == -INFINITY ? 0.0f : m[r];
-      alpha[r] = ex2(m_old[r] - m_use);
-      const float neg = kLog2P == 0 ? -m_use : static_cast<float>(kLog2P) - m_use;
-      float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < Tr::kKTiles; ++j) {
-        const float cj = scale(r, j);
-        s[j][2 * r] = ex2(fmaf(s[j][2 * r], cj, neg));
-        s[j][2 * r + 1] = ex2(fmaf(s[j][2 * r + 1], cj, neg));
-        sum0 += s[j][2 * r];
-        sum1 += s[j][2 * r + 1];
-      }
-      l[r] = l[r] * alpha[r] + (sum0 + sum1);
-    }
+    for (int r = 0; r < 2; ++r) exponentiate_row<kLog2P>(r, m_old, alpha, scale);
   }
 
   // Online softmax of the raw scores S_i (keys k0a.. and, paired, k0b..), the portable kernel's
@@ -824,6 +844,16 @@ struct Consumer {
     } else {
       const float scale = p.scale_log2;
       constexpr bool kSplit = Tr::kPair && kVote == kVoteWarp;
+      if constexpr (Tr::kRowStagger && kVote == kVoteOff) {
+        float m_old[2] = {m[0], m[1]};
+        m[0] = fmaxf(m[0], quad_max(raw_max<0, Tr::kKTiles>(0)) * scale);
+        exponentiate_row<0>(0, m_old, alpha, [scale](int, int) { return scale; });
+        // Row 0's first probability is >= 0 or NaN; fminf with 0 gives +0 either way (a NaN row stays its own).
+        const float dep = fminf(s[0][0], 0.0f);
+        m[1] = fmaxf(m[1], quad_max(raw_max_after<0, Tr::kKTiles>(1, dep)) * scale);
+        exponentiate_row<0>(1, m_old, alpha, [scale](int, int) { return scale; });
+        return 0;
+      }
       float m_old[2];
       bool ok0 = true, ok1 = true;
 #pragma unroll
