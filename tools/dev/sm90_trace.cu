@@ -259,5 +259,6 @@ int main(int argc, char** argv) {
       default: return run<Traced<T128, true, true>>(density, timed);
     }
   }
-  return run<Traced<sm90::Traits<__half, 128, 128, 64, true>>>(density, timed);
+  using T64 = sm90::Traits<__half, 128, 128, 64, true>;
+  return mode == 2 ? run<Traced<T64, false, true>>(density, timed) : run<Traced<T64>>(density, timed);
 }

@@ -710,25 +710,21 @@ struct Consumer {
 
   // Max of row r's raw scores over score tiles [j0, j1) of this thread, in two chains (half the
   // dependent FMNMX latency), each started from its first pair (not from -inf: one FMNMX less per
-  // chain; the same max for every non-NaN score).
-  template <int j0, int j1>
-  __device__ __forceinline__ float raw_max(int r) const {
+  // chain; the same max for every non-NaN score). kAfter: both chains start from x + dep, dep = +0 (so
+  // only a -0 score becomes +0, which no max, P or sum can tell apart), there only to make ptxas wait for
+  // whatever computes dep (Traits::kRowStagger).
+  template <int j0, int j1, bool kAfter = false>
+  __device__ __forceinline__ float raw_max(int r, float dep = 0.0f) const {
     static_assert(j1 - j0 >= 2 && (j1 - j0) % 2 == 0, "two chains of score tiles");
-    float x0 = fmaxf(s[j0][2 * r], s[j0][2 * r + 1]);
-    float x1 = fmaxf(s[j0 + 1][2 * r], s[j0 + 1][2 * r + 1]);
-#pragma unroll
-    for (int j = j0 + 2; j < j1; j += 2) {
-      x0 = fmaxf(x0, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      x1 = fmaxf(x1, fmaxf(s[j + 1][2 * r], s[j + 1][2 * r + 1]));
+    float a0 = s[j0][2 * r], a1 = s[j0 + 1][2 * r];
+    if constexpr (kAfter) {
+      a0 += dep;
+      a1 += dep;
+    } else {
+      (void)dep;
     }
-    return fmaxf(x0, x1);
-  }
-  // raw_max whose two chains start from x + dep: dep = +0 (so only a -0 score becomes +0, which no max, P or
-  // sum can tell apart), there only to make ptxas wait for whatever computes it (Traits::kRowStagger).
-  template <int j0, int j1>
-  __device__ __forceinline__ float raw_max_after(int r, float dep) const {
-    float x0 = fmaxf(s[j0][2 * r] + dep, s[j0][2 * r + 1]);
-    float x1 = fmaxf(s[j0 + 1][2 * r] + dep, s[j0 + 1][2 * r + 1]);
+    float x0 = fmaxf(a0, s[j0][2 * r + 1]);
+    float x1 = fmaxf(a1, s[j0 + 1][2 * r + 1]);
 #pragma unroll
     for (int j = j0 + 2; j < j1; j += 2) {
       x0 = fmaxf(x0, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
@@ -846,15 +842,16 @@ struct Consumer {
       return softmax_step_fp8<kVote>(k0b, alpha, seq, ksc);
     } else {
       const float scale = p.scale_log2;
+      const auto same_scale = [scale](int, int) { return scale; };
       constexpr bool kSplit = Tr::kPair && kVote == kVoteWarp;
       if constexpr (Tr::kRowStagger && kVote == kVoteOff) {
         float m_old[2] = {m[0], m[1]};
         m[0] = fmaxf(m[0], quad_max(raw_max<0, Tr::kKTiles>(0)) * scale);
-        exponentiate_row<0>(0, m_old, alpha, [scale](int, int) { return scale; });
+        exponentiate_row<0>(0, m_old, alpha, same_scale);
         // Row 0's first probability is >= 0 or NaN; fminf with 0 gives +0 either way (a NaN row stays its own).
         const float dep = fminf(s[0][0], 0.0f);
-        m[1] = fmaxf(m[1], quad_max(raw_max_after<0, Tr::kKTiles>(1, dep)) * scale);
-        exponentiate_row<0>(1, m_old, alpha, [scale](int, int) { return scale; });
+        m[1] = fmaxf(m[1], quad_max(raw_max<0, Tr::kKTiles, true>(1, dep)) * scale);
+        exponentiate_row<0>(1, m_old, alpha, same_scale);
         return 0;
       }
       float m_old[2];
@@ -881,7 +878,7 @@ struct Consumer {
         if (!Tr::kPair || k0b == kNoKeys) ok1 = false;  // a half tile (or the unpaired kernel) has no second block
         vote = warp_vote(ok0, ok1, seq);
       }
-      exponentiate<0>(m_old, alpha, [scale](int, int) { return scale; });
+      exponentiate<0>(m_old, alpha, same_scale);
       if constexpr (kVote == kVoteLegacy) {
         vote = uniform(named_barrier_and(kVoteBarrier, Tr::kConsumers * 128, ok0)) != 0 ? 1 : 0;
       }
