@@ -2,7 +2,7 @@
 // producer and consumer warpgroups (trace_mark in src/cuda/attention/sm90/kernel.cuh), on a random
 // LUT of a given density at b2 h32 s16384 d128 fp16 (the benchmark shape).
 //
-//   sparge_sm90_trace [density=0.1] [blkk=128|64] [timed runs=20] [mode=0..3]
+//   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0..7]
 //
 // Runs a Traits with kTrace = true (a distinct kernel; the library's kernels compile no stamps),
 // times it without stamps (P.trace = nullptr: only the stamps' branches), then once with them, and
@@ -25,9 +25,9 @@ using sparge::cuda::attn::KernelParams;
 
 namespace {
 
-template <class Base, bool kTraceLoop_ = false, bool kFlip = false>
+template <class Base, bool kTraceLoop_ = false, bool kFlip = false, bool kTrace_ = true>
 struct Traced : Base {
-  static constexpr bool kTrace = true;
+  static constexpr bool kTrace = kTrace_;
   static constexpr bool kTraceLoop = kTraceLoop_;
   static constexpr bool kRowStagger = Base::kRowStagger != kFlip;
 };
@@ -60,7 +60,9 @@ double median(std::vector<double> v) {
 template <class Tr>
 int run(double density, int timed) {
   constexpr int B = 2, H = 32, S = 16384, D = 128, BQ = Tr::kBlockQ, BK = Tr::kBlockK;
-  constexpr int NQ = S / BQ, NK = S / BK;
+  constexpr int NQ = S / BQ, NK = (S + BK - 1) / BK;
+  // The dense-only 176-key tile walks every key (no LUT): density 1.
+  if (Tr::kDenseOnly) density = 1.0;
   const long long n = static_cast<long long>(B) * S * H * D;
   __half *q, *k, *v, *o;
   CHECK(cudaMalloc(&q, n * 2));
@@ -105,12 +107,12 @@ int run(double density, int timed) {
   for (std::int64_t* st : {kp.q_stride, kp.k_stride, kp.v_stride, kp.o_stride}) {
     st[0] = static_cast<std::int64_t>(S) * H * D, st[1] = H * D, st[2] = D;
   }
-  kp.lut = dlut;
-  kp.counts = dcounts;
+  kp.lut = Tr::kDenseOnly ? nullptr : dlut;
+  kp.counts = Tr::kDenseOnly ? nullptr : dcounts;
   kp.lut_stride[3] = 1, kp.lut_stride[2] = NK, kp.lut_stride[1] = static_cast<std::int64_t>(NQ) * NK;
   kp.lut_stride[0] = static_cast<std::int64_t>(H) * NQ * NK;
   kp.counts_stride[2] = 1, kp.counts_stride[1] = NQ, kp.counts_stride[0] = static_cast<std::int64_t>(H) * NQ;
-  kp.nk_lut = NK;
+  kp.nk_lut = Tr::kDenseOnly ? 0 : NK;
   kp.seq_q = kp.seq_k = S;
   kp.batch = B, kp.hq = kp.hk = H, kp.nq = NQ;
   kp.scale_log2 = 1.4426950408889634f / 11.313708498984761f;
@@ -133,10 +135,11 @@ int run(double density, int timed) {
   };
   std::vector<double> ms;
   for (int i = 0; i < timed; ++i) ms.push_back(timed_launch());
-  const double flops = 4.0 * B * H * static_cast<double>(S) * count * BK * D;
+  const double flops = 4.0 * B * H * static_cast<double>(S) * (Tr::kDenseOnly ? S : count * BK) * D;
   const double med = median(ms);
   std::printf("blk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
               "selected blocks\n", BK, static_cast<double>(count) / NK, count, P.variant, med, timed, flops / med / 1e9);
+  if (!Tr::kTrace) return 0;  // mode bit 2: the kernel without stamps, timed only
 
   const std::size_t words = static_cast<std::size_t>(tiles) * 3 * sm90::kTraceTiles * sm90::kTraceEvents;
   long long* dtrace;
@@ -241,16 +244,33 @@ int main(int argc, char** argv) {
   const int blkk = argc > 2 ? std::atoi(argv[2]) : 128;
   const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
   const int mode = argc > 4 ? std::atoi(argv[4]) : 0;
-  // mode bit 0: stamps inside key tile kTraceKeyTile of the loop (blkk 128); bit 1: Traits::kRowStagger flipped (on).
-  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128) || timed < 1 || mode < 0 || mode > 3 ||
-      ((mode & 1) != 0 && blkk != 128)) {
-    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128] [timed runs >= 1] [mode 0..3: "
-                         "bit 0 also stamps inside key tile %u of the loop (blkk 128), bit 1 flips Traits::kRowStagger]\n",
+  // mode bit 0: stamps inside key tile kTraceKeyTile of the loop (blkk 128); bit 1: Traits::kRowStagger flipped;
+  // bit 2: no stamps at all (kTrace false, the kernel timed only; blkk 128 and 176). blkk 176: the dense-only
+  // 128 x 176 tile (no LUT, density 1, with the launcher's multicast and persistence).
+  const bool plain = (mode & 4) != 0;
+  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128 && blkk != 176) || timed < 1 || mode < 0 ||
+      mode > 7 || ((mode & 1) != 0 && (blkk != 128 || plain)) || (plain && blkk == 64)) {
+    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode 0..7: "
+                         "bit 0 also stamps inside key tile %u of the loop (blkk 128), bit 1 flips Traits::kRowStagger, "
+                         "bit 2 no stamps (blkk 128 / 176)]\n",
                  sm90::kTraceKeyTile);
     return 2;
   }
   using T128 = sm90::Traits<__half, 128, 128, 128>;
+  using T176 = sm90::Traits<__half, 128, 128, 176>;
   std::printf("mode %d\n", mode);
+  if (blkk == 176) {
+    switch (mode & 6) {
+      case 0: return run<Traced<T176>>(density, timed);
+      case 2: return run<Traced<T176, false, true>>(density, timed);
+      case 4: return run<Traced<T176, false, false, false>>(density, timed);
+      default: return run<Traced<T176, false, true, false>>(density, timed);
+    }
+  }
+  if (plain) {
+    return (mode & 2) != 0 ? run<Traced<T128, false, true, false>>(density, timed)
+                           : run<Traced<T128, false, false, false>>(density, timed);
+  }
   if (blkk == 128) {
     switch (mode) {
       case 0: return run<Traced<T128>>(density, timed);

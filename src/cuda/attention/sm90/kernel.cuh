@@ -104,12 +104,10 @@ struct Traits {
   static constexpr bool kTraceLoop = false;
   // softmax_step (fp16 / bf16, no pv_threshold): the second row's max reduction made to wait for the first
   // row's first exponential, so ptxas places it among the first row's MUFU.EX2 (which issue every 8 cycles)
-  // instead of before them. Session 20: -1.2% / -1.5% at LUT density 0.4 / 1.0 in the trace harness (its mode
-  // bit 1 flips this); off until the GPU suite has run with it on (no device time was left for that). Turned on,
-  // it stays out of the dense-only 176-key tile: there ptxas gives the consumer a 40-byte stack with it (every
-  // other instantiation's stack is unchanged, checked with cuobjdump -res-usage).
-  static constexpr bool kRowStaggerOn = false;
-  static constexpr bool kRowStagger = kRowStaggerOn && !kDenseOnly;
+  // instead of before them. Trace harness (its mode bit 1 flips this), alternating A/B: LUT 128 x 128 at density
+  // 0.4 -3.1% (s22r1), 1.2-1.5% in s20r11; the dense-only 176-key tile -0.4% (s22r1, s22r2: five pairs, every one
+  // faster), although ptxas gives that consumer a 40-byte stack with it. false restores the former schedule.
+  static constexpr bool kRowStagger = true;
 };
 
 // Per-tile event stamps of dev/sm90_trace (Traits::kTrace; no other kernel compiles any of this):
