@@ -1,6 +1,7 @@
 // Where a query tile's time goes in the Hopper attention kernel: per-tile clock stamps of every CTA's
 // producer and consumer warpgroups (trace_mark in src/cuda/attention/sm90/kernel.cuh), on a random
-// LUT of a given density at b2 h32 s16384 d128 fp16 (the benchmark shape).
+// LUT of a given density at b2 h32 s16384 d128 fp16 (the benchmark shape; SPARGE_TRACE_SHAPE=b,hq,hk,sq,sk sets
+// another, NHD, d 128).
 //
 //   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0..7]
 //
@@ -57,21 +58,40 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The shape: b2 h32 s16384 unless SPARGE_TRACE_SHAPE="b,hq,hk,sq,sk" (NHD, d 128; e.g. compare.py's gather shape
+// 1,32,8,1024,16384).
+struct Shape {
+  int b = 2, hq = 32, hk = 32, sq = 16384, sk = 16384;
+};
+Shape shape_from_env() {
+  Shape sh;
+  if (const char* e = std::getenv("SPARGE_TRACE_SHAPE")) {
+    if (std::sscanf(e, "%d,%d,%d,%d,%d", &sh.b, &sh.hq, &sh.hk, &sh.sq, &sh.sk) != 5 || sh.b < 1 || sh.hk < 1 ||
+        sh.hq < sh.hk || sh.hq % sh.hk != 0 || sh.sq < 1 || sh.sk < 1) {
+      std::fprintf(stderr, "SPARGE_TRACE_SHAPE=%s: expected b,hq,hk,sq,sk with hq a multiple of hk\n", e);
+      std::exit(2);
+    }
+  }
+  return sh;
+}
+
 template <class Tr>
 int run(double density, int timed) {
-  constexpr int B = 2, H = 32, S = 16384, D = 128, BQ = Tr::kBlockQ, BK = Tr::kBlockK;
-  constexpr int NQ = S / BQ, NK = (S + BK - 1) / BK;
+  const Shape sh = shape_from_env();
+  const int B = sh.b, H = sh.hq, HK = sh.hk, S = sh.sq, SK = sh.sk;
+  constexpr int D = 128, BQ = Tr::kBlockQ, BK = Tr::kBlockK;
+  const int NQ = (S + BQ - 1) / BQ, NK = (SK + BK - 1) / BK;
   // The dense-only 176-key tile walks every key (no LUT): density 1.
   if (Tr::kDenseOnly) density = 1.0;
-  const long long n = static_cast<long long>(B) * S * H * D;
+  const long long n = static_cast<long long>(B) * S * H * D, nk = static_cast<long long>(B) * SK * HK * D;
   __half *q, *k, *v, *o;
   CHECK(cudaMalloc(&q, n * 2));
-  CHECK(cudaMalloc(&k, n * 2));
-  CHECK(cudaMalloc(&v, n * 2));
+  CHECK(cudaMalloc(&k, nk * 2));
+  CHECK(cudaMalloc(&v, nk * 2));
   CHECK(cudaMalloc(&o, n * 2));
   fill_random<<<1024, 256>>>(q, n, 1u);
-  fill_random<<<1024, 256>>>(k, n, 2u);
-  fill_random<<<1024, 256>>>(v, n, 3u);
+  fill_random<<<1024, 256>>>(k, nk, 2u);
+  fill_random<<<1024, 256>>>(v, nk, 3u);
   // LUT rows: round(density * NK) distinct random blocks each (at least one), ascending.
   const int count = std::max(1, static_cast<int>(density * NK + 0.5));
   std::vector<std::int32_t> lut(static_cast<std::size_t>(B) * H * NQ * NK, -1);
@@ -92,8 +112,8 @@ int run(double density, int timed) {
 
   sm90::Sm90Params P;
   const sparge::Tensor tq = sparge::make_tensor(q, sparge::DType::f16, {B, S, H, D});
-  const sparge::Tensor tk = sparge::make_tensor(k, sparge::DType::f16, {B, S, H, D});
-  const sparge::Tensor tv = sparge::make_tensor(v, sparge::DType::f16, {B, S, H, D});
+  const sparge::Tensor tk = sparge::make_tensor(k, sparge::DType::f16, {B, SK, HK, D});
+  const sparge::Tensor tv = sparge::make_tensor(v, sparge::DType::f16, {B, SK, HK, D});
   if (!sm90::encode_tensor_map(&P.q_map, tq, BQ) || !sm90::encode_tensor_map(&P.k_map, tk, BK) ||
       !sm90::encode_tensor_map(&P.v_map, tv, BK)) {
     std::fprintf(stderr, "tensor maps refused\n");
@@ -104,8 +124,11 @@ int run(double density, int timed) {
   KernelParams& kp = P.p;
   kp = KernelParams{};
   kp.q = q, kp.k = k, kp.v = v, kp.o = o;
-  for (std::int64_t* st : {kp.q_stride, kp.k_stride, kp.v_stride, kp.o_stride}) {
+  for (std::int64_t* st : {kp.q_stride, kp.o_stride}) {
     st[0] = static_cast<std::int64_t>(S) * H * D, st[1] = H * D, st[2] = D;
+  }
+  for (std::int64_t* st : {kp.k_stride, kp.v_stride}) {
+    st[0] = static_cast<std::int64_t>(SK) * HK * D, st[1] = HK * D, st[2] = D;
   }
   kp.lut = Tr::kDenseOnly ? nullptr : dlut;
   kp.counts = Tr::kDenseOnly ? nullptr : dcounts;
@@ -113,8 +136,8 @@ int run(double density, int timed) {
   kp.lut_stride[0] = static_cast<std::int64_t>(H) * NQ * NK;
   kp.counts_stride[2] = 1, kp.counts_stride[1] = NQ, kp.counts_stride[0] = static_cast<std::int64_t>(H) * NQ;
   kp.nk_lut = Tr::kDenseOnly ? 0 : NK;
-  kp.seq_q = kp.seq_k = S;
-  kp.batch = B, kp.hq = kp.hk = H, kp.nq = NQ;
+  kp.seq_q = S, kp.seq_k = SK;
+  kp.batch = B, kp.hq = H, kp.hk = HK, kp.nq = NQ;
   kp.scale_log2 = 1.4426950408889634f / 11.313708498984761f;
   kp.lazy_rescale = true;
   P.variant = sm90::variant_bits();  // as the launcher
@@ -135,7 +158,7 @@ int run(double density, int timed) {
   };
   std::vector<double> ms;
   for (int i = 0; i < timed; ++i) ms.push_back(timed_launch());
-  const double flops = 4.0 * B * H * static_cast<double>(S) * (Tr::kDenseOnly ? S : count * BK) * D;
+  const double flops = 4.0 * B * H * static_cast<double>(S) * (Tr::kDenseOnly ? SK : count * BK) * D;
   const double med = median(ms);
   std::printf("blk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
               "selected blocks\n", BK, static_cast<double>(count) / NK, count, P.variant, med, timed, flops / med / 1e9);
