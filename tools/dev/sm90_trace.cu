@@ -32,6 +32,9 @@ struct Traced : Base {
   static constexpr bool kTraceLoop = kTraceLoop_;
   static constexpr bool kRowStagger = Base::kRowStagger != kFlip;
 };
+// The Traced kernel that mode M selects (bits as in main).
+template <class Base, int M>
+using ByMode = Traced<Base, (M & 1) != 0, (M & 2) != 0, (M & 4) == 0>;
 
 __global__ void fill_random(__half* x, long long n, unsigned seed) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
@@ -282,26 +285,25 @@ int main(int argc, char** argv) {
   using T128 = sm90::Traits<__half, 128, 128, 128>;
   using T176 = sm90::Traits<__half, 128, 128, 176>;
   std::printf("mode %d\n", mode);
+  // Modes the check above lets through: blkk 176 {0, 2, 4, 6}, 128 {0..4, 6}, 64 {0, 2}.
   if (blkk == 176) {
-    switch (mode & 6) {
-      case 0: return run<Traced<T176>>(density, timed);
-      case 2: return run<Traced<T176, false, true>>(density, timed);
-      case 4: return run<Traced<T176, false, false, false>>(density, timed);
-      default: return run<Traced<T176, false, true, false>>(density, timed);
+    switch (mode) {
+      case 0: return run<ByMode<T176, 0>>(density, timed);
+      case 2: return run<ByMode<T176, 2>>(density, timed);
+      case 4: return run<ByMode<T176, 4>>(density, timed);
+      default: return run<ByMode<T176, 6>>(density, timed);
     }
-  }
-  if (plain) {
-    return (mode & 2) != 0 ? run<Traced<T128, false, true, false>>(density, timed)
-                           : run<Traced<T128, false, false, false>>(density, timed);
   }
   if (blkk == 128) {
     switch (mode) {
-      case 0: return run<Traced<T128>>(density, timed);
-      case 1: return run<Traced<T128, true>>(density, timed);
-      case 2: return run<Traced<T128, false, true>>(density, timed);
-      default: return run<Traced<T128, true, true>>(density, timed);
+      case 0: return run<ByMode<T128, 0>>(density, timed);
+      case 1: return run<ByMode<T128, 1>>(density, timed);
+      case 2: return run<ByMode<T128, 2>>(density, timed);
+      case 3: return run<ByMode<T128, 3>>(density, timed);
+      case 4: return run<ByMode<T128, 4>>(density, timed);
+      default: return run<ByMode<T128, 6>>(density, timed);
     }
   }
   using T64 = sm90::Traits<__half, 128, 128, 64, true>;
-  return mode == 2 ? run<Traced<T64, false, true>>(density, timed) : run<Traced<T64>>(density, timed);
+  return mode == 2 ? run<ByMode<T64, 2>>(density, timed) : run<ByMode<T64, 0>>(density, timed);
 }
