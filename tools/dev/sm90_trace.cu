@@ -271,21 +271,21 @@ int main(int argc, char** argv) {
   const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
   const int mode = argc > 4 ? std::atoi(argv[4]) : 0;
   // mode bit 0: stamps inside key tile kTraceKeyTile of the loop (blkk 128); bit 1: Traits::kRowStagger flipped;
-  // bit 2: no stamps at all (kTrace false, the kernel timed only; blkk 128 and 176). blkk 176: the dense-only
+  // bit 2: no stamps at all (kTrace false, the kernel timed only; blkk 64: modes 0, 2, 4). blkk 176: the dense-only
   // 128 x 176 tile (no LUT, density 1, with the launcher's multicast and persistence).
   const bool plain = (mode & 4) != 0;
   if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128 && blkk != 176) || timed < 1 || mode < 0 ||
-      mode > 7 || ((mode & 1) != 0 && (blkk != 128 || plain)) || (plain && blkk == 64)) {
+      mode > 7 || ((mode & 1) != 0 && (blkk != 128 || plain)) || (blkk == 64 && mode != 0 && mode != 2 && mode != 4)) {
     std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode 0..7: "
                          "bit 0 also stamps inside key tile %u of the loop (blkk 128), bit 1 flips Traits::kRowStagger, "
-                         "bit 2 no stamps (blkk 128 / 176)]\n",
+                         "bit 2 no stamps (blkk 64: modes 0, 2, 4 only)]\n",
                  sm90::kTraceKeyTile);
     return 2;
   }
   using T128 = sm90::Traits<__half, 128, 128, 128>;
   using T176 = sm90::Traits<__half, 128, 128, 176>;
   std::printf("mode %d\n", mode);
-  // Modes the check above lets through: blkk 176 {0, 2, 4, 6}, 128 {0..4, 6}, 64 {0, 2}.
+  // Modes the check above lets through: blkk 176 {0, 2, 4, 6}, 128 {0..4, 6}, 64 {0, 2, 4}.
   if (blkk == 176) {
     switch (mode) {
       case 0: return run<ByMode<T176, 0>>(density, timed);
@@ -305,5 +305,9 @@ int main(int argc, char** argv) {
     }
   }
   using T64 = sm90::Traits<__half, 128, 128, 64, true>;
-  return mode == 2 ? run<ByMode<T64, 2>>(density, timed) : run<ByMode<T64, 0>>(density, timed);
+  switch (mode) {
+    case 2: return run<ByMode<T64, 2>>(density, timed);
+    case 4: return run<ByMode<T64, 4>>(density, timed);
+    default: return run<ByMode<T64, 0>>(density, timed);
+  }
 }
