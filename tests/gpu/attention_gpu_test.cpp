@@ -1281,31 +1281,6 @@ SPARGE_CASES(AttentionGpuProperties) {
     c.lut = Lut::random; c.blkq = 128; c.blkk = blkk; c.density = 0.5;
     expect_launches_bitwise(c, 0, 131072, "the paired persistent launch");
   }});
-  // The chained consumers (session 23, consumer_chain: a tile's last PV in the turn of the next tile's first
-  // QK^T, its epilogue after both) against the per-tile ones (bit 1048576): the same arithmetic per tile, so
-  // bitwise the same O and LSE. Persistent with 3 CTAs (bit 32: tens of tiles each, so nearly every tile
-  // starts behind an open one), alone and with every tile's keys in 3 chunks (32768, not causal); LUTs
-  // sparse enough to have empty rows (a tile without key tiles flushes the open one), the paired 64-key
-  // LUT, head dim 64, the dense 176 tile, causal dense and causal LUT, and a ragged batch.
-  for (int v : {32, 32 | 32768})
-  for (int k = 0; k < 7; ++k) {
-    Cfg c;
-    c.dt = k % 2 == 0 ? DType::f16 : DType::bf16; c.b = 2; c.hq = 4; c.hk = 2; c.sq = 1000; c.sk = 1200; c.d = 128;
-    c.blkq = 128; c.blkk = 128; c.density = 0.15; c.o_f32 = k % 3 == 0; c.hnd = k == 2;
-    if (k == 1) { c.blkk = 64; c.density = 0.3; }
-    if (k == 2) { c.d = 64; c.density = 0.4; }
-    if (k == 3 || k == 4) c.lut = Lut::dense_api;
-    if (k == 4 || k == 5) c.causal = true;
-    if (k == 6) { c.lens_q = {1000, 0, 377, 129, 640}; c.lens_k = {1200, 300, 1000, 128, 700}; c.b = 5; c.density = 0.5; }
-    if (c.causal && (v & 32768) != 0) continue;  // the split does not take causal masking
-    const std::string name = c.name();
-    cases.push_back({std::string(c.lut == Lut::dense_api ? "DENSE" : "BSA") + "_CHAIN" + name.substr(name.find('(')) +
-                     "[v=" + std::to_string(v) + "]", [c, v] {
-      if (!have_gpu()) GTEST_SKIP() << "no GPU";
-      if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the chained consumers are the sm90 kernel's)";
-      expect_launches_bitwise(c, v, v | 1048576, "the chained consumers");
-    }});
-  }
   // The split tail where the default launch makes it: 144 query tiles on an H200's 132 persistent CTAs
   // (66 clusters for the dense 176 tile) leave 12 for a last round, each cut into chunks (dense: min(132 /
   // 12, 24 / 4) = 6 of its 176-key tiles; LUT: min(11, NK / 4) = 8 or 11 of its entries). Against the

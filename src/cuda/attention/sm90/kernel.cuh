@@ -544,12 +544,6 @@ struct Consumer {
                                       const Sm90Params& P_, int qb_)
       : p(p_), sm(sm_), t(t_), cw(cw_), warp(tid / 32), lane(tid % 32),
         pingpong(Tr::kConsumers == 2 && (P_.variant & kVariantNoPingpong) == 0), P(P_) {
-    target(qb_);
-    my_votes = sm.vote_row(cw * 4 + warp);
-    reset();
-  }
-  // The per-tile fields of tile t (the Tile this consumer refers to) with Q in buffer qb_.
-  __device__ __forceinline__ void target(int qb_) {
     const int wg_row0 = t.q0 + cw * 64;  // first query row of this warpgroup
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -566,7 +560,7 @@ struct Consumer {
       row_scale[r] = p.scale_log2;
       if constexpr (Tr::kFp8) {
         if (row_in_seq[r] < t.sq) {
-          row_scale[r] *= __ldg(P.q_scale + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r]);
+          row_scale[r] *= __ldg(P_.q_scale + (static_cast<std::int64_t>(t.b) * p.hq + t.h) * t.sq + row_in_seq[r]);
         }
       }
     }
@@ -586,12 +580,8 @@ struct Consumer {
       mask_from = static_cast<int>(from);
     }
     qb = qb_;
-    q_tile = q_rows(qb);
-  }
-  // This warpgroup's 64 rows of each slab of Q buffer b.
-  __device__ __forceinline__ std::uint32_t q_rows(int b) const { return sm.q(b) + cw * 64 * 128; }
-  // O, the running maxima and the denominators of a tile before its first key.
-  __device__ __forceinline__ void reset() {
+    q_tile = sm.q(qb) + cw * 64 * 128;  // this warpgroup's 64 rows of each Q slab
+    my_votes = sm.vote_row(cw * 4 + warp);
 #pragma unroll
     for (int j = 0; j < Tr::kDTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     m[0] = m[1] = -INFINITY;
@@ -624,11 +614,8 @@ struct Consumer {
   }
 
   // Descriptors: a base per operand tile, plus each k-step's constant offset (wgmma.cuh, DescBase).
-  __device__ __forceinline__ void issue_qk(int st) { issue_qk(q_tile, st); }
-  // S = Q K^T with Q's rows at qt (consumer_chain: the next tile's Q while this one's fields still
-  // describe the tile being finished).
-  __device__ __forceinline__ void issue_qk(std::uint32_t qt, int st) {
-    const DescBase qd = k_major_base(qt);
+  __device__ __forceinline__ void issue_qk(int st) {
+    const DescBase qd = k_major_base(q_tile);
     const DescBase kd = k_major_base(sm.k(st));
 #pragma unroll
     for (int ks = 0; ks < Tr::kDSteps; ++ks) {
@@ -978,10 +965,6 @@ struct Consumer {
         o[j][3] *= alpha[1];
       }
     }
-    pack();
-  }
-  // P (the probabilities in s) packed into pa, the A operand of the next PV.
-  __device__ __forceinline__ void pack() {
     if constexpr (Tr::kFp8) {
       // 32 keys per k-step: score tiles 4 kk .. 4 kk + 3 (8 keys each). This thread holds keys 2 t,
       // 2 t + 1 of each; packed in tile order, its fragment's k = 4 t + i is key
@@ -1226,21 +1209,15 @@ struct Consumer {
       trace_mark<Tr>(P, 1 + cw, trace_nt, 7);
     }
     trace_mark<Tr>(P, 1 + cw, trace_nt, 9, static_cast<long long>(seq - seq_begin));
-    finish(unit, stage);
-  }
 
-  // The tile's epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows), or a split-tail
-  // unit's part (unit >= 0).
-  __device__ __forceinline__ void finish(int unit, bool stage) {
     if constexpr (Tr::kSplit) {
       if (unit >= 0) {
         store_part(unit);
         trace_mark<Tr>(P, 1 + cw, trace_nt, 8);
         return;
       }
-    } else {
-      (void)unit;
     }
+    // Epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows).
     std::int64_t o_row[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1264,22 +1241,6 @@ struct Consumer {
       store_rows<T, Tr::kDTiles>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane);
     }
     trace_mark<Tr>(P, 1 + cw, trace_nt, 8);
-  }
-
-  // consumer_chain: the last PV a finished tile still owes (its P packed, V in stage st) in a turn of its
-  // own, then its epilogue.
-  __device__ __forceinline__ void flush(int st, std::uint32_t parity, bool half, int unit) {
-    barrier_wait(sm.v_full(st), parity);
-    turn_begin();
-    wgmma_fence();
-    fence_accumulator(o);
-    issue_pv<kVoteOff>(st, 0, half);
-    turn_end();
-    wgmma_wait<0>();
-    fence_accumulator(o);
-    fence_p();
-    release_kv(sm.v_empty(st));
-    finish(unit, false);
   }
 };
 
@@ -1332,175 +1293,6 @@ __device__ __forceinline__ int walk_blocks(const Sm90Params& P, const Tile& t, i
     if (p.is_causal && P.multicast != 0) n = max(n, visible_of<Tr>(p, make_tile(p, tile ^ 1, Tr::kBlockQ)));
   }
   return n;
-}
-
-// Whether a launch's consumers carry the pipeline across their tiles (consumer_chain): unless bit
-// kVariantNoChain, fp16 / bf16 without pv_threshold (its vote ring is per key tile and has no tile boundary to cross), the
-// staged epilogue or the trace stamps. Uniform over the grid.
-template <class Tr>
-__device__ __forceinline__ bool chained(const Sm90Params& P) {
-  if constexpr (Tr::kFp8 || Tr::kTrace || Tr::kDenseOnly || Tr::kConsumers != 2) {
-    (void)P;
-    return false;
-  } else {
-    return (P.variant & kVariantNoChain) == 0 && !P.p.use_pv_threshold && !staged_bits(P.variant);
-  }
-}
-
-// One consumer warpgroup's walk over its CTA's tiles with the pipeline carried across them (chained):
-// a query tile's last PV is issued in the turn of the next tile's first QK^T, as the key-tile loop pairs
-// any two consecutive key tiles, and the finished tile is stored once both have completed, before the new
-// tile's first softmax; so the tensor pipe has the other warpgroup's GEMMs, and this one's next QK^T,
-// while a warpgroup stores. A tile's Q buffer is released as soon as its last QK^T has completed (the
-// key walk is read one tile ahead), so the producer loads the next tile's Q while the last softmax runs.
-// For the producer nothing changes: every Q buffer and K/V stage is waited for and released in the same
-// order and number as by Consumer::run. Both consumer warpgroups walk the same tiles and key tiles, so
-// they take the same turns. A tile without key tiles first flushes the open one.
-template <class Tr>
-__device__ __forceinline__ void consumer_chain(const Sm90Params& P, const Smem<Tr>& sm, int cw, int tid) {
-  const KernelParams& p = P.p;
-  const int lane = tid % 32;
-  const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
-  Tile tc{};  // the tile c's per-tile fields describe (retargeted once the previous one is stored)
-  Consumer<Tr> c(p, sm, tc, cw, tid % 128, P, 0);
-  Ring<Tr> ring;
-  std::uint32_t nt = 0;
-  // The open tile: its last key tile's P packed, its PV owed (V in stage open_st).
-  bool open = false, open_half = false;
-  int open_st = 0, open_unit = -1;
-  std::uint32_t open_parity = 0;
-  Ahead ahead;
-  const float ksc[2] = {1.0f, 1.0f};
-  float alpha[2];
-  for (int slot = blockIdx.x; slot < P.num_tiles; slot += gridDim.x) {
-    const bool held = __shfl_sync(0xffffffffu, slot == ahead.slot ? 1 : 0, 0) != 0;  // provably uniform for ptxas
-    const Work w = held ? Work{__shfl_sync(0xffffffffu, ahead.tile, 0), -1} : work_at<Tr>(P, slot);
-    const Tile t = make_tile(p, w.tile, Tr::kBlockQ);
-    if (t.q0 >= t.sq) continue;
-    const int next_slot = slot + static_cast<int>(gridDim.x);
-    int next_tile = -1;
-    if (next_slot < P.num_tiles) {
-      const Work wn = work_at<Tr>(P, next_slot);
-      if (wn.chunk < 0) next_tile = wn.tile;
-    }
-    const QSlot qs = q_slot(nt++, dbl);
-    const int visible = walk_blocks<Tr>(P, t, w.tile);
-    WarpWalk it = held ? make_warp_walk(p, t, visible, lane, ahead) : make_warp_walk(p, t, visible, lane);
-    int unit = -1;
-    if (w.chunk >= 0) {  // a split-tail unit: positions [base, n) of the LUT row or the dense blocks
-      const KeyRange kr = key_range(it.n, w.chunk, P.split_n);
-      it.base = kr.first;
-      it.n = kr.end;
-      if (it.row != nullptr) {
-        it.mine = it.load(it.base + it.lane);
-        it.fill();
-      }
-      unit = slot - P.split_from;
-    }
-    const KeyTile kt0 = c.next_uniform_tile(it);
-    if (kt0.kb[0] < 0) {  // no key tiles: Q taken and released, O = 0, LSE = -inf
-      if (Consumer<Tr>::uniform(open ? 1 : 0) != 0) c.flush(open_st, open_parity, Consumer<Tr>::uniform(open_half ? 1 : 0) != 0, open_unit);
-      open = false;
-      barrier_wait(sm.q_full(qs.buf), qs.phase);
-      c.release(sm.q_empty(qs.buf));
-      load_ahead(p, ahead, next_slot, next_tile, Tr::kBlockQ, lane);
-      tc = t;
-      c.target(qs.buf);
-      c.reset();
-      c.finish(unit, false);
-      continue;
-    }
-    // The tile's first key tile, with the open tile's last PV in the same turn.
-    int st = ring.st;
-    std::uint32_t parity = ring.phase;
-    ring.advance();
-    barrier_wait(sm.q_full(qs.buf), qs.phase);
-    barrier_wait(sm.k_full(st), parity);
-    KeyTile kt;
-    if (Consumer<Tr>::uniform(open ? 1 : 0) != 0) {
-      barrier_wait(sm.v_full(open_st), open_parity);
-      c.turn_begin();
-      wgmma_fence();
-      fence_accumulator(c.s);
-      fence_accumulator(c.o);
-      c.issue_qk(c.q_rows(qs.buf), st);
-      c.template issue_pv<kVoteOff>(open_st, 0, Consumer<Tr>::uniform(open_half ? 1 : 0) != 0);
-      c.turn_end();
-      kt = c.next_uniform_tile(it);
-      wgmma_wait<0>();
-      fence_accumulator(c.s);
-      fence_accumulator(c.o);
-      c.fence_p();
-      c.release_kv(sm.k_empty(st));
-      c.release_kv(sm.v_empty(open_st));
-      if (kt.kb[0] < 0) {
-        c.release(sm.q_empty(qs.buf));
-        load_ahead(p, ahead, next_slot, next_tile, Tr::kBlockQ, lane);
-      }
-      c.finish(open_unit, false);
-    } else {
-      c.turn_begin();
-      wgmma_fence();
-      fence_accumulator(c.s);
-      c.issue_qk(c.q_rows(qs.buf), st);
-      c.turn_end();
-      kt = c.next_uniform_tile(it);
-      wgmma_wait<0>();
-      fence_accumulator(c.s);
-      c.release_kv(sm.k_empty(st));
-      if (kt.kb[0] < 0) {
-        c.release(sm.q_empty(qs.buf));
-        load_ahead(p, ahead, next_slot, next_tile, Tr::kBlockQ, lane);
-      }
-    }
-    tc = t;
-    c.target(qs.buf);
-    c.reset();
-    c.template softmax_step<kVoteOff>(kt0, alpha, 0u, ksc);
-    c.pack();
-    int st_prev = st;
-    std::uint32_t parity_prev = parity;
-    bool half_prev = kt0.kb[1] < 0;
-    // The tile's other key tiles: Consumer::run's loop, reading the walk one tile ahead.
-    while (kt.kb[0] >= 0) {
-      st = ring.st;
-      parity = ring.phase;
-      ring.advance();
-      barrier_wait(sm.k_full(st), parity);
-      barrier_wait(sm.v_full(st_prev), parity_prev);
-      c.turn_begin();
-      wgmma_fence();
-      fence_accumulator(c.s);
-      fence_accumulator(c.o);
-      c.issue_qk(st);
-      c.template issue_pv<kVoteOff>(st_prev, 0, Consumer<Tr>::uniform(half_prev ? 1 : 0) != 0);
-      c.turn_end();
-      const KeyTile kn = c.next_uniform_tile(it);
-      wgmma_wait<1>();
-      fence_accumulator(c.s);
-      c.release_kv(sm.k_empty(st));
-      if (kn.kb[0] < 0) {  // the tile's last QK^T has completed
-        c.release(sm.q_empty(qs.buf));
-        load_ahead(p, ahead, next_slot, next_tile, Tr::kBlockQ, lane);
-      }
-      c.template softmax_step<kVoteOff>(kt, alpha, 0u, ksc);
-      wgmma_wait<0>();
-      fence_accumulator(c.o);
-      c.fence_p();
-      c.release_kv(sm.v_empty(st_prev));
-      c.rescale_and_pack(alpha);
-      st_prev = st;
-      parity_prev = parity;
-      half_prev = kt.kb[1] < 0;
-      kt = kn;
-    }
-    open = true;
-    open_st = st_prev;
-    open_parity = parity_prev;
-    open_half = half_prev;
-    open_unit = unit;
-  }
-  if (Consumer<Tr>::uniform(open ? 1 : 0) != 0) c.flush(open_st, open_parity, Consumer<Tr>::uniform(open_half ? 1 : 0) != 0, open_unit);
 }
 
 template <class Tr>
@@ -1608,11 +1400,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) attention_kernel
     // sync, so the named barriers are balanced at exit.
     const bool pingpong = Tr::kConsumers == 2 && (P.variant & kVariantNoPingpong) == 0;
     if (pingpong && cw == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
-    if (chained<Tr>(P)) {
-      consumer_chain<Tr>(P, sm, cw, tid);
-      if (pingpong && cw == 0) named_barrier_sync(kTurnBarrier + 0, 256);
-      return;
-    }
     Ring<Tr> ring;
     std::uint32_t nt = 0;   // tiles of this CTA so far (the producer's count: Q buffer and phase)
     std::uint32_t seq = 0;  // key tiles of this CTA so far: the vote ring's tags (30 bits, see vote_word)

@@ -84,9 +84,6 @@ constexpr int kVariantNoCausalPairs = 131072;     // causal dense (BLKQ >= 128 t
 constexpr int kVariantStagedSingle = 262144;  // the staged epilogue also with one Q buffer (its release, after the
                                               // TMA stores have read it, then delays the next tile's Q load)
 constexpr int kVariantNoStaged = 524288;      // no staged epilogue: O from registers (the default before session 18)
-constexpr int kVariantNoChain = 1048576;      // the consumers restart the pipeline at every tile (the default before
-                                              // session 23) instead of carrying it across a CTA's tiles
-                                              // (consumer_chain: fp16 / bf16 without pv_threshold or staged epilogue)
 // Whether these bits can turn the staged epilogue on (Consumer::staged adds the per-kernel and per-tile
 // conditions): the launcher encodes o_map only then, off the default path's host time.
 constexpr bool staged_bits(int variant) {
