@@ -1,7 +1,7 @@
 // Where a query tile's time goes in the Hopper attention kernel: per-tile clock stamps of every CTA's
 // producer and consumer warpgroups (trace_mark in src/cuda/attention/sm90/kernel.cuh), on a random
 // LUT of a given density at b2 h32 s16384 d128 fp16 (the benchmark shape; SPARGE_TRACE_SHAPE=b,hq,hk,sq,sk sets
-// another, NHD, d 128).
+// another, d 128; NHD, or HND with SPARGE_TRACE_HND=1; SPARGE_TRACE_STEADY=N also times N launches back to back).
 //
 //   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0..7]
 //
@@ -114,25 +114,28 @@ int run(double density, int timed) {
   CHECK(cudaMemcpy(dcounts, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
 
   sm90::Sm90Params P;
-  const sparge::Tensor tq = sparge::make_tensor(q, sparge::DType::f16, {B, S, H, D});
-  const sparge::Tensor tk = sparge::make_tensor(k, sparge::DType::f16, {B, SK, HK, D});
-  const sparge::Tensor tv = sparge::make_tensor(v, sparge::DType::f16, {B, SK, HK, D});
+  // Element strides of batch, sequence, head: NHD ([b, s, h, d]) or, SPARGE_TRACE_HND=1, HND ([b, h, s, d]: compare.py's).
+  const char* hnd_env = std::getenv("SPARGE_TRACE_HND");
+  const bool hnd = hnd_env != nullptr && hnd_env[0] == '1';
+  const std::int64_t qs[3] = {static_cast<std::int64_t>(S) * H * D, hnd ? D : static_cast<std::int64_t>(H) * D,
+                              hnd ? static_cast<std::int64_t>(S) * D : D};
+  const std::int64_t ks[3] = {static_cast<std::int64_t>(SK) * HK * D, hnd ? D : static_cast<std::int64_t>(HK) * D,
+                              hnd ? static_cast<std::int64_t>(SK) * D : D};
+  const sparge::Tensor tq = sparge::make_tensor(q, sparge::DType::f16, {B, S, H, D}, {qs[0], qs[1], qs[2], 1});
+  const sparge::Tensor tk = sparge::make_tensor(k, sparge::DType::f16, {B, SK, HK, D}, {ks[0], ks[1], ks[2], 1});
+  const sparge::Tensor tv = sparge::make_tensor(v, sparge::DType::f16, {B, SK, HK, D}, {ks[0], ks[1], ks[2], 1});
   if (!sm90::encode_tensor_map(&P.q_map, tq, BQ) || !sm90::encode_tensor_map(&P.k_map, tk, BK) ||
       !sm90::encode_tensor_map(&P.v_map, tv, BK)) {
     std::fprintf(stderr, "tensor maps refused\n");
     return 1;
   }
-  const sparge::Tensor to = sparge::make_tensor(o, sparge::DType::f16, {B, S, H, D});
+  const sparge::Tensor to = sparge::make_tensor(o, sparge::DType::f16, {B, S, H, D}, {qs[0], qs[1], qs[2], 1});
   P.o_tma = sm90::encode_tensor_map(&P.o_map, to, 64) ? 1 : 0;
   KernelParams& kp = P.p;
   kp = KernelParams{};
   kp.q = q, kp.k = k, kp.v = v, kp.o = o;
-  for (std::int64_t* st : {kp.q_stride, kp.o_stride}) {
-    st[0] = static_cast<std::int64_t>(S) * H * D, st[1] = H * D, st[2] = D;
-  }
-  for (std::int64_t* st : {kp.k_stride, kp.v_stride}) {
-    st[0] = static_cast<std::int64_t>(SK) * HK * D, st[1] = HK * D, st[2] = D;
-  }
+  for (std::int64_t* st : {kp.q_stride, kp.o_stride}) std::copy(qs, qs + 3, st);
+  for (std::int64_t* st : {kp.k_stride, kp.v_stride}) std::copy(ks, ks + 3, st);
   kp.lut = Tr::kDenseOnly ? nullptr : dlut;
   kp.counts = Tr::kDenseOnly ? nullptr : dcounts;
   kp.lut_stride[3] = 1, kp.lut_stride[2] = NK, kp.lut_stride[1] = static_cast<std::int64_t>(NQ) * NK;
@@ -163,8 +166,24 @@ int run(double density, int timed) {
   for (int i = 0; i < timed; ++i) ms.push_back(timed_launch());
   const double flops = 4.0 * B * H * static_cast<double>(S) * (Tr::kDenseOnly ? SK : count * BK) * D;
   const double med = median(ms);
-  std::printf("blk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
-              "selected blocks\n", BK, static_cast<double>(count) / NK, count, P.variant, med, timed, flops / med / 1e9);
+  std::printf("%sblk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
+              "selected blocks\n", hnd ? "HND " : "", BK, static_cast<double>(count) / NK, count, P.variant, med, timed,
+              flops / med / 1e9);
+  // SPARGE_TRACE_STEADY=N: also N launches back to back between two events (no host synchronisation between
+  // them: the GPU's sustained clock and power, as in a benchmark loop), their mean.
+  if (const char* e = std::getenv("SPARGE_TRACE_STEADY")) {
+    const int reps = std::atoi(e);
+    if (reps > 0) {
+      CHECK(cudaEventRecord(e0));
+      for (int i = 0; i < reps; ++i) CHECK(sm90::launch_kernel<Tr>(P, tiles, nullptr));
+      CHECK(cudaEventRecord(e1));
+      CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      CHECK(cudaEventElapsedTime(&t, e0, e1));
+      const double mean = static_cast<double>(t) / reps;
+      std::printf("steady: %.3f ms per launch over %d back-to-back launches, %.1f TFLOPS\n", mean, reps, flops / mean / 1e9);
+    }
+  }
   if (!Tr::kTrace) return 0;  // mode bit 2: the kernel without stamps, timed only
 
   const std::size_t words = static_cast<std::size_t>(tiles) * 3 * sm90::kTraceTiles * sm90::kTraceEvents;
