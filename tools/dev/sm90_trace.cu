@@ -3,7 +3,7 @@
 // LUT of a given density at b2 h32 s16384 d128 fp16 (the benchmark shape; SPARGE_TRACE_SHAPE=b,hq,hk,sq,sk sets
 // another, d 128; NHD, or HND with SPARGE_TRACE_HND=1; SPARGE_TRACE_STEADY=N also times N launches back to back).
 //
-//   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0..7]
+//   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0..15]
 //
 // Runs a Traits with kTrace = true (a distinct kernel; the library's kernels compile no stamps),
 // times it without stamps (P.trace = nullptr: only the stamps' branches), then once with them, and
@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -26,15 +27,16 @@ using sparge::cuda::attn::KernelParams;
 
 namespace {
 
-template <class Base, bool kTraceLoop_ = false, bool kFlip = false, bool kTrace_ = true>
+template <class Base, bool kTraceLoop_ = false, bool kFlip = false, bool kTrace_ = true, bool kQRegs_ = false>
 struct Traced : Base {
   static constexpr bool kTrace = kTrace_;
   static constexpr bool kTraceLoop = kTraceLoop_;
   static constexpr bool kRowStagger = Base::kRowStagger != kFlip;
+  static constexpr bool kQRegs = kQRegs_;
 };
 // The Traced kernel that mode M selects (bits as in main).
 template <class Base, int M>
-using ByMode = Traced<Base, (M & 1) != 0, (M & 2) != 0, (M & 4) == 0>;
+using ByMode = Traced<Base, (M & 1) != 0, (M & 2) != 0, (M & 4) == 0, (M & 8) != 0>;
 
 __global__ void fill_random(__half* x, long long n, unsigned seed) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
@@ -184,6 +186,19 @@ int run(double density, int timed) {
       std::printf("steady: %.3f ms per launch over %d back-to-back launches, %.1f TFLOPS\n", mean, reps, flops / mean / 1e9);
     }
   }
+  {  // A digest of O (FNV-1a over its bytes) and its mean |O|: modes that must give the same bits can be compared.
+    std::vector<__half> ho(static_cast<std::size_t>(n));
+    CHECK(cudaMemcpy(ho.data(), o, n * 2, cudaMemcpyDeviceToHost));
+    std::uint64_t h = 1469598103934665603ull;
+    double sum = 0;
+    for (const __half x : ho) {
+      const auto bits = __half_as_ushort(x);
+      h = (h ^ (bits & 0xFF)) * 1099511628211ull;
+      h = (h ^ (bits >> 8)) * 1099511628211ull;
+      sum += std::fabs(static_cast<double>(__half2float(x)));
+    }
+    std::printf("O digest %016llx, mean |O| %.6g\n", static_cast<unsigned long long>(h), sum / static_cast<double>(n));
+  }
   if (!Tr::kTrace) return 0;  // mode bit 2: the kernel without stamps, timed only
 
   const std::size_t words = static_cast<std::size_t>(tiles) * 3 * sm90::kTraceTiles * sm90::kTraceEvents;
@@ -290,21 +305,23 @@ int main(int argc, char** argv) {
   const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
   const int mode = argc > 4 ? std::atoi(argv[4]) : 0;
   // mode bit 0: stamps inside key tile kTraceKeyTile of the loop (blkk 128); bit 1: Traits::kRowStagger flipped;
-  // bit 2: no stamps at all (kTrace false, the kernel timed only; blkk 64: modes 0, 2, 4). blkk 176: the dense-only
+  // bit 2: no stamps at all (kTrace false, the kernel timed only; blkk 64: modes 0, 2, 4); bit 3: Traits::kQRegs (Q in
+  // registers; blkk 128, modes 8 and 12). blkk 176: the dense-only
   // 128 x 176 tile (no LUT, density 1, with the launcher's multicast and persistence).
   const bool plain = (mode & 4) != 0;
   if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128 && blkk != 176) || timed < 1 || mode < 0 ||
-      mode > 7 || ((mode & 1) != 0 && (blkk != 128 || plain)) || (blkk == 64 && mode != 0 && mode != 2 && mode != 4)) {
-    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode 0..7: "
+      mode > 15 || ((mode & 8) != 0 && (blkk != 128 || (mode != 8 && mode != 12))) ||
+      ((mode & 1) != 0 && (blkk != 128 || plain)) || (blkk == 64 && mode != 0 && mode != 2 && mode != 4)) {
+    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode 0..15: "
                          "bit 0 also stamps inside key tile %u of the loop (blkk 128), bit 1 flips Traits::kRowStagger, "
-                         "bit 2 no stamps (blkk 64: modes 0, 2, 4 only)]\n",
+                         "bit 2 no stamps (blkk 64: modes 0, 2, 4 only), bit 3 Q in registers (blkk 128: modes 8, 12)]\n",
                  sm90::kTraceKeyTile);
     return 2;
   }
   using T128 = sm90::Traits<__half, 128, 128, 128>;
   using T176 = sm90::Traits<__half, 128, 128, 176>;
   std::printf("mode %d\n", mode);
-  // Modes the check above lets through: blkk 176 {0, 2, 4, 6}, 128 {0..4, 6}, 64 {0, 2, 4}.
+  // Modes the check above lets through: blkk 176 {0, 2, 4, 6}, 128 {0..4, 6, 8, 12}, 64 {0, 2, 4}.
   if (blkk == 176) {
     switch (mode) {
       case 0: return run<ByMode<T176, 0>>(density, timed);
@@ -320,6 +337,8 @@ int main(int argc, char** argv) {
       case 2: return run<ByMode<T128, 2>>(density, timed);
       case 3: return run<ByMode<T128, 3>>(density, timed);
       case 4: return run<ByMode<T128, 4>>(density, timed);
+      case 8: return run<ByMode<T128, 8>>(density, timed);
+      case 12: return run<ByMode<T128, 12>>(density, timed);
       default: return run<ByMode<T128, 6>>(density, timed);
     }
   }

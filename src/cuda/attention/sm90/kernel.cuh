@@ -108,6 +108,11 @@ struct Traits {
   // 0.4 -3.1% (s22r1), 1.2-1.5% in s20r11; the dense-only 176-key tile -0.4% (s22r1, s22r2: five pairs, every one
   // faster), although ptxas gives that consumer a 40-byte stack with it. false restores the former schedule.
   static constexpr bool kRowStagger = true;
+  // Q of the tile in registers (ldmatrix once per tile) and QK^T with A from registers, instead of every
+  // QK^T reading Q from shared memory (dev/sm90_trace only, session 23: the power-capped H200 pays per
+  // shared-memory operand byte); the Q buffer is then released as soon as the fragments are loaded.
+  // Only the fp16 / bf16 128 x 128 LUT tile (Wgmma<T, 128>::rs_kmajor).
+  static constexpr bool kQRegs = false;
 };
 
 // Per-tile event stamps of dev/sm90_trace (Traits::kTrace; no other kernel compiles any of this):
@@ -534,6 +539,7 @@ struct Consumer {
 
   float o[Tr::kDTiles][4];
   float s[Tr::kKTiles][4];
+  std::uint32_t qa[Tr::kQRegs ? Tr::kDSteps : 1][4];  // Q's A fragments per k-step (Traits::kQRegs)
   std::uint32_t pa[Tr::kKSteps][4];  // P of the previous block, the A operand of its PV
   float m[2];  // running max of the two rows (log2 units), -inf before the first key
   float l[2];  // this thread's partial denominators (the quad's are summed in the epilogue)
@@ -614,7 +620,29 @@ struct Consumer {
   }
 
   // Descriptors: a base per operand tile, plus each k-step's constant offset (wgmma.cuh, DescBase).
+  // Traits::kQRegs: this warp's 16 rows of Q as wgmma A fragments (ldmatrix x4 per 16-column k-step: rows
+  // 0-7 / 8-15 by lane bit 3, columns 0-7 / 8-15 by lane bit 4; 128-byte swizzled slabs of 64 columns).
+  __device__ __forceinline__ void load_q_regs() {
+    if constexpr (Tr::kQRegs) {
+      static_assert(!Tr::kFp8 && Tr::kTileK == 128 && Tr::kHeadDim == 128, "Q in registers: the 128 x 128 tile");
+      const int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int ks = 0; ks < Tr::kDSteps; ++ks) {
+        const int chunk = 2 * (ks % 4) + (lane >> 4);
+        ldmatrix_x4(qa[ks], q_tile + (ks / 4) * Tr::kQSlab + row * 128 + ((chunk ^ (row & 7)) << 4));
+      }
+    }
+  }
   __device__ __forceinline__ void issue_qk(int st) {
+    if constexpr (Tr::kQRegs) {
+      const DescBase kd = k_major_base(sm.k(st));
+#pragma unroll
+      for (int ks = 0; ks < Tr::kDSteps; ++ks) {
+        Wgmma<T, Tr::kTileK>::rs_kmajor(s, qa[ks], kd.at(k_major_offset(Tr::kKVSlab, ks)), ks > 0);
+      }
+      wgmma_commit();
+      return;
+    }
     const DescBase qd = k_major_base(q_tile);
     const DescBase kd = k_major_base(sm.k(st));
 #pragma unroll
@@ -1112,6 +1140,10 @@ struct Consumer {
       if (!stage) release(sm.q_empty(qb));
       ahead();
     } else {
+      if constexpr (Tr::kQRegs) {
+        load_q_regs();
+        if (!stage) release(sm.q_empty(qb));
+      }
       // Tile 0: S_0 alone.
       int st_prev = ring.st;
       std::uint32_t parity_prev = ring.phase;
@@ -1192,7 +1224,7 @@ struct Consumer {
         for (int e = 0; e < kTraceLoopEvents; ++e) trace_mark<Tr>(P, 1 + cw, trace_nt, kTraceLoopFirst + e, loop_clock[e]);
       }
       // Every QK^T of this query block has completed (waited above); the staged epilogue releases later.
-      if (!stage) release(sm.q_empty(qb));
+      if (!stage && !Tr::kQRegs) release(sm.q_empty(qb));
       // PV of the last tile.
       barrier_wait(sm.v_full(st_prev), parity_prev);
       const int skip_prev = decide<kVote>(vote_prev, seq_prev);
