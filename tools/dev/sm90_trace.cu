@@ -27,12 +27,12 @@ using sparge::cuda::attn::KernelParams;
 
 namespace {
 
-template <class Base, bool kTraceLoop_ = false, bool kFlip = false, bool kTrace_ = true, bool kQRegs_ = false>
+template <class Base, bool kTraceLoop_ = false, bool kFlip = false, bool kTrace_ = true, bool kQRegsFlip = false>
 struct Traced : Base {
   static constexpr bool kTrace = kTrace_;
   static constexpr bool kTraceLoop = kTraceLoop_;
   static constexpr bool kRowStagger = Base::kRowStagger != kFlip;
-  static constexpr bool kQRegs = kQRegs_;
+  static constexpr bool kQRegs = Base::kQRegs != kQRegsFlip;
 };
 // The Traced kernel that mode M selects (bits as in main).
 template <class Base, int M>
@@ -305,8 +305,8 @@ int main(int argc, char** argv) {
   const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
   const int mode = argc > 4 ? std::atoi(argv[4]) : 0;
   // mode bit 0: stamps inside key tile kTraceKeyTile of the loop (blkk 128); bit 1: Traits::kRowStagger flipped;
-  // bit 2: no stamps at all (kTrace false, the kernel timed only; blkk 64: modes 0, 2, 4); bit 3: Traits::kQRegs (Q in
-  // registers; blkk 128, modes 8 and 12). blkk 176: the dense-only
+  // bit 2: no stamps at all (kTrace false, the kernel timed only; blkk 64: modes 0, 2, 4); bit 3: Traits::kQRegs flipped (Q
+  // in registers or not; blkk 128, modes 8 and 12). blkk 176: the dense-only
   // 128 x 176 tile (no LUT, density 1, with the launcher's multicast and persistence).
   const bool plain = (mode & 4) != 0;
   if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128 && blkk != 176) || timed < 1 || mode < 0 ||
@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
       ((mode & 1) != 0 && (blkk != 128 || plain)) || (blkk == 64 && mode != 0 && mode != 2 && mode != 4)) {
     std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode 0..15: "
                          "bit 0 also stamps inside key tile %u of the loop (blkk 128), bit 1 flips Traits::kRowStagger, "
-                         "bit 2 no stamps (blkk 64: modes 0, 2, 4 only), bit 3 Q in registers (blkk 128: modes 8, 12)]\n",
+                         "bit 2 no stamps (blkk 64: modes 0, 2, 4 only), bit 3 flips Traits::kQRegs (blkk 128: modes 8, 12)]\n",
                  sm90::kTraceKeyTile);
     return 2;
   }

@@ -109,10 +109,12 @@ struct Traits {
   // faster), although ptxas gives that consumer a 40-byte stack with it. false restores the former schedule.
   static constexpr bool kRowStagger = true;
   // Q of the tile in registers (ldmatrix once per tile) and QK^T with A from registers, instead of every
-  // QK^T reading Q from shared memory (dev/sm90_trace only, session 23: the power-capped H200 pays per
-  // shared-memory operand byte); the Q buffer is then released as soon as the fragments are loaded.
-  // Only the fp16 / bf16 128 x 128 LUT tile (Wgmma<T, 128>::rs_kmajor).
-  static constexpr bool kQRegs = false;
+  // QK^T reading Q from shared memory; the Q buffer is then released as soon as the fragments are loaded.
+  // The H200 runs these kernels at its 700 W cap (SM clock ~1.63 GHz in back-to-back launches), so shared-memory
+  // operand bytes cost time: trace harness, back to back, alternating (s23r3), LUT 128 x 128 -1.6% / -1.4% /
+  // -1.3% at density 1.0 / 0.4 / 0.1, bitwise the same O. fp16 / bf16 head dim 128, BLKQ 128 and 128-key stages
+  // (the 128 x 128 and the paired 128 x 64 LUT kernels: Wgmma<T, 128>::rs_kmajor); not the dense-only tiles.
+  static constexpr bool kQRegs = !FP8_ && HD_ == 128 && BLKQ_ == 128 && kTileK == 128;
 };
 
 // Per-tile event stamps of dev/sm90_trace (Traits::kTrace; no other kernel compiles any of this):
