@@ -3,7 +3,7 @@
 // LUT of a given density at b2 h32 s16384 d128 fp16 (the benchmark shape; SPARGE_TRACE_SHAPE=b,hq,hk,sq,sk sets
 // another, d 128; NHD, or HND with SPARGE_TRACE_HND=1; SPARGE_TRACE_STEADY=N also times N launches back to back).
 //
-//   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0..15]
+//   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0]
 //
 // Runs a Traits with kTrace = true (a distinct kernel; the library's kernels compile no stamps),
 // times it without stamps (P.trace = nullptr: only the stamps' branches), then once with them, and
@@ -297,6 +297,17 @@ int run(double density, int timed) {
   return 0;
 }
 
+// The modes compiled for tile Base (bits as in main): has() says whether `mode` is one, run() runs its kernel.
+template <class Base, int... Ms>
+struct Modes {
+  static bool has(int mode) { return ((mode == Ms) || ...); }
+  static int run_mode(int mode, double density, int timed) {
+    int rc = 2;
+    (void)((mode == Ms && (rc = run<ByMode<Base, Ms>>(density, timed), true)) || ...);
+    return rc;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -304,48 +315,23 @@ int main(int argc, char** argv) {
   const int blkk = argc > 2 ? std::atoi(argv[2]) : 128;
   const int timed = argc > 3 ? std::atoi(argv[3]) : 20;
   const int mode = argc > 4 ? std::atoi(argv[4]) : 0;
-  // mode bit 0: stamps inside key tile kTraceKeyTile of the loop (blkk 128); bit 1: Traits::kRowStagger flipped;
-  // bit 2: no stamps at all (kTrace false, the kernel timed only; blkk 64: modes 0, 2, 4); bit 3: Traits::kQRegs flipped (Q
-  // in registers or not; blkk 128, modes 8 and 12). blkk 176: the dense-only
-  // 128 x 176 tile (no LUT, density 1, with the launcher's multicast and persistence).
-  const bool plain = (mode & 4) != 0;
-  if (!(density > 0.0 && density <= 1.0) || (blkk != 64 && blkk != 128 && blkk != 176) || timed < 1 || mode < 0 ||
-      mode > 15 || ((mode & 8) != 0 && (blkk != 128 || (mode != 8 && mode != 12))) ||
-      ((mode & 1) != 0 && (blkk != 128 || plain)) || (blkk == 64 && mode != 0 && mode != 2 && mode != 4)) {
-    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode 0..15: "
-                         "bit 0 also stamps inside key tile %u of the loop (blkk 128), bit 1 flips Traits::kRowStagger, "
-                         "bit 2 no stamps (blkk 64: modes 0, 2, 4 only), bit 3 flips Traits::kQRegs (blkk 128: modes 8, 12)]\n",
+  // mode bit 0: stamps inside key tile kTraceKeyTile of the loop; bit 1: Traits::kRowStagger flipped; bit 2: no stamps
+  // at all (kTrace false, the kernel timed only); bit 3: Traits::kQRegs flipped (Q in registers or not). Each tile
+  // compiles the modes its Modes list names. blkk 176: the dense-only 128 x 176 tile (no LUT, density 1, with the
+  // launcher's multicast and persistence).
+  using M176 = Modes<sm90::Traits<__half, 128, 128, 176>, 0, 2, 4, 6>;
+  using M128 = Modes<sm90::Traits<__half, 128, 128, 128>, 0, 1, 2, 3, 4, 6, 8, 12>;
+  using M64 = Modes<sm90::Traits<__half, 128, 128, 64, true>, 0, 2, 4>;
+  const bool known = blkk == 176 ? M176::has(mode) : blkk == 128 ? M128::has(mode) : blkk == 64 && M64::has(mode);
+  if (!(density > 0.0 && density <= 1.0) || timed < 1 || !known) {
+    std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode: "
+                         "bit 0 also stamps inside key tile %u of the loop, bit 1 flips Traits::kRowStagger, bit 2 no "
+                         "stamps, bit 3 flips Traits::kQRegs; blkk 176: 0, 2, 4, 6; 128: 0..4, 6, 8, 12; 64: 0, 2, 4]\n",
                  sm90::kTraceKeyTile);
     return 2;
   }
-  using T128 = sm90::Traits<__half, 128, 128, 128>;
-  using T176 = sm90::Traits<__half, 128, 128, 176>;
   std::printf("mode %d\n", mode);
-  // Modes the check above lets through: blkk 176 {0, 2, 4, 6}, 128 {0..4, 6, 8, 12}, 64 {0, 2, 4}.
-  if (blkk == 176) {
-    switch (mode) {
-      case 0: return run<ByMode<T176, 0>>(density, timed);
-      case 2: return run<ByMode<T176, 2>>(density, timed);
-      case 4: return run<ByMode<T176, 4>>(density, timed);
-      default: return run<ByMode<T176, 6>>(density, timed);
-    }
-  }
-  if (blkk == 128) {
-    switch (mode) {
-      case 0: return run<ByMode<T128, 0>>(density, timed);
-      case 1: return run<ByMode<T128, 1>>(density, timed);
-      case 2: return run<ByMode<T128, 2>>(density, timed);
-      case 3: return run<ByMode<T128, 3>>(density, timed);
-      case 4: return run<ByMode<T128, 4>>(density, timed);
-      case 8: return run<ByMode<T128, 8>>(density, timed);
-      case 12: return run<ByMode<T128, 12>>(density, timed);
-      default: return run<ByMode<T128, 6>>(density, timed);
-    }
-  }
-  using T64 = sm90::Traits<__half, 128, 128, 64, true>;
-  switch (mode) {
-    case 2: return run<ByMode<T64, 2>>(density, timed);
-    case 4: return run<ByMode<T64, 4>>(density, timed);
-    default: return run<ByMode<T64, 0>>(density, timed);
-  }
+  if (blkk == 176) return M176::run_mode(mode, density, timed);
+  if (blkk == 128) return M128::run_mode(mode, density, timed);
+  return M64::run_mode(mode, density, timed);
 }

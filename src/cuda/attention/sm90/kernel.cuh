@@ -621,7 +621,6 @@ struct Consumer {
     }
   }
 
-  // Descriptors: a base per operand tile, plus each k-step's constant offset (wgmma.cuh, DescBase).
   // Traits::kQRegs: this warp's 16 rows of Q as wgmma A fragments (ldmatrix x4 per 16-column k-step: rows
   // 0-7 / 8-15 by lane bit 3, columns 0-7 / 8-15 by lane bit 4; 128-byte swizzled slabs of 64 columns).
   __device__ __forceinline__ void load_q_regs() {
@@ -635,6 +634,7 @@ struct Consumer {
       }
     }
   }
+  // Descriptors: a base per operand tile, plus each k-step's constant offset (wgmma.cuh, DescBase).
   __device__ __forceinline__ void issue_qk(int st) {
     if constexpr (Tr::kQRegs) {
       const DescBase kd = k_major_base(sm.k(st));
