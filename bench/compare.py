@@ -9,7 +9,9 @@ Rows per (head dim, causal): torch SDPA with the cuDNN backend and with the flas
 (torch.compile'd) dense, sparge dense; then per topk: sparge_attn (prediction included), its block map
 alone, sparge's kernel alone on the same LUT, and FlexAttention on the same LUT (a BlockMask built
 from it). FlexAttention's tile must divide the mask's block size; its default tile is 128 rows, so the
-kernel-only comparison uses LUTs with blkq = blkk = --flex-blk (128 by default) for both.
+kernel-only comparison uses LUTs of the block shapes --flex-blk names (128 x 128 by default; "128,128x64"
+adds sparge's default 128 x 64 map, where FlexAttention is given BLOCK_N = 64 if its default tile does not
+divide the mask) for both.
 
 Timing: warm-up (at least --warmup calls and --warmup-ms of GPU time), then the median of --iters CUDA-event timings (min and max reported), fresh random
 normal inputs, rotating several input sets when one set fits in L2. FLOPs: dense 4*B*Hq*Sq*Sk*D (exact
@@ -40,6 +42,7 @@ import datetime
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import traceback
@@ -186,6 +189,20 @@ def causal_mask_mod(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+def flex_tag(fq, fk):
+    """The kind suffix of a FlexAttention block shape: "128" for 128 x 128 (the former single option), "128x64"."""
+    return str(fq) if fq == fk else f"{fq}x{fk}"
+
+
+def parse_flex_blk(text):
+    """--flex-blk: comma-separated block shapes, each "N" (N x N) or "QxK"."""
+    shapes = []
+    for item in text.split(","):
+        q, _, k = item.strip().partition("x")
+        shapes.append((int(q), int(k or q)))
+    return shapes
+
+
 def flex_block_mask_from_lut(lut, counts, s, blkq, blkk, causal):
     """A BlockMask with exactly the LUT's blocks: blocks wholly below the diagonal are 'full' (no
     mask_mod call), diagonal blocks of a causal run are 'partial' (mask_mod masks per token)."""
@@ -206,8 +223,10 @@ def flex_block_mask_from_lut(lut, counts, s, blkq, blkk, causal):
         mask_mod=causal_mask_mod if causal else None, seq_lengths=(s, s))
 
 
-def peer_flex(block_mask):
+def peer_flex(block_mask, kernel_options=None):
     flex = flex_fn()
+    if kernel_options:
+        return lambda q, k, v: flex(q, k, v, block_mask=block_mask, kernel_options=kernel_options)
     return lambda q, k, v: flex(q, k, v, block_mask=block_mask)
 
 
@@ -449,45 +468,56 @@ def run_config(bench, args, d, causal):
                                   q, k, v, lut, counts, blkq=args.blkq, blkk=args.blkk, is_causal=causal)),
                               sets, fd, fu, extra=dict(extra, kind=f"kernel_{path}", path=path))
 
-        # Kernel-only against FlexAttention on one LUT of FlexAttention-compatible blocks.
+        # Kernel-only against FlexAttention on LUTs of FlexAttention-compatible blocks (--flex-blk: one or more
+        # block shapes; each gets its own LUT from the block map, the same for both, and an A/B pair).
         if args.no_flex:
             continue
-        fb = args.flex_blk
-        if (fb, fb) == (args.blkq, args.blkk):
-            flut, fcounts, fdens, ffu = lut, counts, dens, fu
-        else:
-            flut, fcounts = sparge.block_map(q0, k0, topk=topk, simthreshd1=-0.1, blkq=fb, blkk=fb, is_causal=causal)
-            fdens = sparge.utils.density(fcounts, s, s, fb, fb, causal)
-            ffu = sparse_flops(flut, fcounts, s, d, fb, fb, causal)
-            bench.add(cfg, f"  sparge kernel {fb}x{fb} topk={topk}", f"sparge CUDA block_sparse_attn {fb}x{fb}",
-                      checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
-                          q, k, v, flut, fcounts, blkq=fb, blkk=fb, is_causal=causal)),
-                      sets, fd, ffu, extra=dict(extra, kind=f"kernel{fb}", density=fdens))
-            if args.fp8:
-                bench.add(cfg, f"  sparge kernel fp8 {fb}x{fb} topk={topk}",
-                          f"sparge block_sparse_attn recipe fp8 {fb}x{fb} (prepass included)",
+        for fq, fk in args.flex_blk:
+            ft = flex_tag(fq, fk)
+            if (fq, fk) == (args.blkq, args.blkk):
+                flut, fcounts, fdens, ffu = lut, counts, dens, fu
+            else:
+                flut, fcounts = sparge.block_map(q0, k0, topk=topk, simthreshd1=-0.1, blkq=fq, blkk=fk, is_causal=causal)
+                fdens = sparge.utils.density(fcounts, s, s, fq, fk, causal)
+                ffu = sparse_flops(flut, fcounts, s, d, fq, fk, causal)
+                bench.add(cfg, f"  sparge kernel {fq}x{fk} topk={topk}", f"sparge CUDA block_sparse_attn {fq}x{fk}",
                           checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
-                              q, k, v, flut, fcounts, blkq=fb, blkk=fb, is_causal=causal, recipe="fp8")),
-                          sets, fd, ffu, extra=dict(extra, kind=f"kernel{fb}_fp8", density=fdens))
-        try:
-            bmask = flex_block_mask_from_lut(flut, fcounts, s, fb, fb, causal)
-            frow = bench.add(cfg, f"  FlexAttention {fb}x{fb} topk={topk}", "torch.compile flex_attention, same LUT",
-                             peer_flex(bmask), sets, fd, ffu, extra=dict(extra, kind=f"flex{fb}", density=fdens))
-            if "error" not in frow:
-                diff = max_diff(sparge.block_sparse_attn(q0, k0, v0, flut, fcounts, blkq=fb, blkk=fb, is_causal=causal),
-                                peer_flex(bmask)(q0, k0, v0))
-                frow["maxdiff_vs_sparge"] = diff
-                print(f"  {'':<42} max |sparge - flex| on the same LUT = {diff:.2e}"
-                      f"{'' if diff < 2e-2 else '  MISMATCH'}")
-                bench.add_ab(cfg, f"sparge kernel {fb}x{fb} vs FlexAttention topk={topk}", "FlexAttention",
-                             peer_flex(bmask), checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
-                                 q, k, v, flut, fcounts, blkq=fb, blkk=fb, is_causal=causal)),
-                             sets, 1.4, extra=dict(extra, density=fdens))
-        except Exception as e:
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
-            bench.rows.append(dict(cfg, **extra, name=f"FlexAttention {fb}x{fb} topk={topk}", kind=f"flex{fb}",
-                                   error=reason))
-            print(f"  {'FlexAttention same LUT':<42} n/a ({reason})")
+                              q, k, v, flut, fcounts, blkq=fq, blkk=fk, is_causal=causal)),
+                          sets, fd, ffu, extra=dict(extra, kind=f"kernel{ft}", density=fdens))
+                if args.fp8:
+                    bench.add(cfg, f"  sparge kernel fp8 {fq}x{fk} topk={topk}",
+                              f"sparge block_sparse_attn recipe fp8 {fq}x{fk} (prepass included)",
+                              checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
+                                  q, k, v, flut, fcounts, blkq=fq, blkk=fk, is_causal=causal, recipe="fp8")),
+                              sets, fd, ffu, extra=dict(extra, kind=f"kernel{ft}_fp8", density=fdens))
+            try:
+                bmask = flex_block_mask_from_lut(flut, fcounts, s, fq, fk, causal)
+                fopts = None
+                frow = bench.add(cfg, f"  FlexAttention {fq}x{fk} topk={topk}", "torch.compile flex_attention, same LUT",
+                                 peer_flex(bmask), sets, fd, ffu, extra=dict(extra, kind=f"flex{ft}", density=fdens))
+                if "error" in frow and fk < 128:
+                    # Its default key tile does not divide the mask's blocks: the tile of the mask's size.
+                    bench.rows.remove(frow)
+                    fopts = {"BLOCK_N": fk}
+                    frow = bench.add(cfg, f"  FlexAttention {fq}x{fk} topk={topk}",
+                                     f"torch.compile flex_attention, same LUT, kernel_options {fopts}",
+                                     peer_flex(bmask, fopts), sets, fd, ffu,
+                                     extra=dict(extra, kind=f"flex{ft}", density=fdens))
+                if "error" not in frow:
+                    diff = max_diff(sparge.block_sparse_attn(q0, k0, v0, flut, fcounts, blkq=fq, blkk=fk, is_causal=causal),
+                                    peer_flex(bmask, fopts)(q0, k0, v0))
+                    frow["maxdiff_vs_sparge"] = diff
+                    print(f"  {'':<42} max |sparge - flex| on the same LUT = {diff:.2e}"
+                          f"{'' if diff < 2e-2 else '  MISMATCH'}")
+                    bench.add_ab(cfg, f"sparge kernel {fq}x{fk} vs FlexAttention topk={topk}", "FlexAttention",
+                                 peer_flex(bmask, fopts), checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
+                                     q, k, v, flut, fcounts, blkq=fq, blkk=fk, is_causal=causal)),
+                                 sets, 1.4, extra=dict(extra, density=fdens, flex_blk=ft))
+            except Exception as e:
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+                bench.rows.append(dict(cfg, **extra, name=f"FlexAttention {fq}x{fk} topk={topk}", kind=f"flex{ft}",
+                                       error=reason))
+                print(f"  {'FlexAttention same LUT':<42} n/a ({reason})")
     del sets, q0, k0, v0
     torch.cuda.empty_cache()
 
@@ -874,9 +904,10 @@ def print_targets(rows, token_rows, ab_rows=()):
                 want = 2.5 if topk == 0.4 else 8.5
                 lines.append(f"{r['name']} / cuDNN dense, {tag}: {x:.2f}x  (>= {want:.1f}x) {verdict(x, want)}")
             kind = r.get("kind", "")
-            if kind.startswith("kernel") and kind[6:].split("_")[0].isdigit() and "median_ms" in r:
-                fb = kind[6:].split("_")[0]
-                flex = find_row(sub, f"  FlexAttention {fb}x{fb} topk={topk}")
+            if re.fullmatch(r"kernel\d+(x\d+)?(_fp8)?", kind) and "median_ms" in r:
+                ft = kind[6:].split("_")[0]
+                fq, _, fk = ft.partition("x")
+                flex = find_row(sub, f"  FlexAttention {fq}x{fk or fq} topk={topk}")
                 if flex and "median_ms" in flex and topk in (0.4, 0.1):
                     x = flex["median_ms"] / r["median_ms"]
                     lines.append(f"{r['name'].strip()} / FlexAttention same LUT, {tag}: {x:.2f}x  (>= 1.40x) "
@@ -991,7 +1022,9 @@ def parse_args(argv=None):
     ap.add_argument("--topk", type=str, default="1.0,0.5,0.4,0.2,0.1")
     ap.add_argument("--blkq", type=int, default=None, help="block map Q block (default sparge.DEFAULT_BLKQ)")
     ap.add_argument("--blkk", type=int, default=None, help="block map K block (default sparge.DEFAULT_BLKK)")
-    ap.add_argument("--flex-blk", type=int, default=128, help="block size of the LUT shared with FlexAttention")
+    ap.add_argument("--flex-blk", type=parse_flex_blk, default=[(128, 128)],
+                    help="block shapes of the LUTs shared with FlexAttention, comma-separated, each N (N x N) or QxK "
+                         "(default 128)")
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes a while)")
     ap.add_argument("--fp8", action="store_true",
                     help="also time the fp8 recipe (sparge_attn and the kernel with recipe='fp8', prepass included)")
@@ -1062,13 +1095,14 @@ def main(argv=None):
     meta = {
         "date": now.isoformat(timespec="seconds"), "device": props.name, "sms": props.multi_processor_count,
         "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-        "sparge": sparge.__version__, "blkq": args.blkq, "blkk": args.blkk, "flex_blk": args.flex_blk,
+        "sparge": sparge.__version__, "blkq": args.blkq, "blkk": args.blkk, "flex_blk": [flex_tag(q, k) for q, k in args.flex_blk],
         "warmup": args.warmup, "warmup_ms": args.warmup_ms, "settle_ms": args.settle_ms, "iters": args.iters, "paths": args.paths, "token": args.token,
         "SPARGE_ATTN_PATH": os.environ.get("SPARGE_ATTN_PATH"),
         "method": "median of CUDA-event timings after warm-up; FLOPs 4*B*H*pairs*D (PERF.md)",
     }
     print(f"sparge compare: {props.name}, torch {torch.__version__}, cuDNN {meta['cudnn']}, "
-          f"block map {args.blkq}x{args.blkk}, FlexAttention LUT {args.flex_blk}x{args.flex_blk}")
+          f"block map {args.blkq}x{args.blkk}, FlexAttention LUT "
+          f"{', '.join(f'{q}x{k}' for q, k in args.flex_blk)}")
 
     bench = Bench(args)
     torch.manual_seed(0)
