@@ -198,8 +198,10 @@ def parse_flex_blk(text):
     """--flex-blk: comma-separated block shapes, each "N" (N x N) or "QxK"."""
     shapes = []
     for item in text.split(","):
-        q, _, k = item.strip().partition("x")
-        shapes.append((int(q), int(k or q)))
+        q, sep, k = item.strip().partition("x")
+        if not q.isdigit() or (sep and not k.isdigit()) or int(q) <= 0 or (sep and int(k) <= 0):
+            raise argparse.ArgumentTypeError(f"--flex-blk: {item.strip()!r} is not N or QxK (positive integers)")
+        shapes.append((int(q), int(k) if sep else int(q)))
     return shapes
 
 
@@ -431,7 +433,7 @@ def run_config(bench, args, d, causal):
         bench.add(cfg, f"  sparge kernel topk={topk}", f"sparge CUDA block_sparse_attn {args.blkq}x{args.blkk}",
                   checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
                       q, k, v, lut, counts, blkq=args.blkq, blkk=args.blkk, is_causal=causal)),
-                  sets, fd, fu, extra=dict(extra, kind="kernel"))
+                  sets, fd, fu, extra=dict(extra, kind="kernel", blk=f"{args.blkq}x{args.blkk}"))
         if args.fp8:
             # The fp8 recipe (docs/quantized.md): prepass + fp8 kernel; with the prediction, and alone.
             bench.add(cfg, f"sparge_attn fp8 topk={topk}", f"sparge block_map + block_sparse_attn recipe fp8 "
@@ -904,14 +906,20 @@ def print_targets(rows, token_rows, ab_rows=()):
                 want = 2.5 if topk == 0.4 else 8.5
                 lines.append(f"{r['name']} / cuDNN dense, {tag}: {x:.2f}x  (>= {want:.1f}x) {verdict(x, want)}")
             kind = r.get("kind", "")
-            if re.fullmatch(r"kernel\d+(x\d+)?(_fp8)?", kind) and "median_ms" in r:
-                ft = kind[6:].split("_")[0]
-                fq, _, fk = ft.partition("x")
-                flex = find_row(sub, f"  FlexAttention {fq}x{fk or fq} topk={topk}")
+            # Kernel rows on a FlexAttention LUT: "kernel128", "kernel128x64_fp8", ..., or the block map's own
+            # LUT ("kernel", blk "QxK") when --flex-blk names that shape too.
+            shape = None
+            if re.fullmatch(r"kernel\d+(x\d+)?(_fp8)?", kind):
+                fq, _, fk = kind[6:].split("_")[0].partition("x")
+                shape = f"{fq}x{fk or fq}"
+            elif kind == "kernel" and "blk" in r:
+                shape = r["blk"]
+            if shape and "median_ms" in r:
+                flex = find_row(sub, f"  FlexAttention {shape} topk={topk}")
                 if flex and "median_ms" in flex and topk in (0.4, 0.1):
                     x = flex["median_ms"] / r["median_ms"]
-                    lines.append(f"{r['name'].strip()} / FlexAttention same LUT, {tag}: {x:.2f}x  (>= 1.40x) "
-                                 f"{verdict(x, 1.4)}")
+                    label = r["name"].strip() + (f" ({shape})" if kind == "kernel" else "")
+                    lines.append(f"{label} / FlexAttention same LUT, {tag}: {x:.2f}x  (>= 1.40x) {verdict(x, 1.4)}")
     for r in ab_rows:
         if "ratio" in r and (r.get("topk") in (None, 0.4, 0.1)):
             tag = f"d{r['d']} {'causal' if r['causal'] else 'non-causal'}"
