@@ -42,7 +42,6 @@ import datetime
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import traceback
@@ -227,9 +226,7 @@ def flex_block_mask_from_lut(lut, counts, s, blkq, blkk, causal):
 
 def peer_flex(block_mask, kernel_options=None):
     flex = flex_fn()
-    if kernel_options:
-        return lambda q, k, v: flex(q, k, v, block_mask=block_mask, kernel_options=kernel_options)
-    return lambda q, k, v: flex(q, k, v, block_mask=block_mask)
+    return lambda q, k, v: flex(q, k, v, block_mask=block_mask, kernel_options=kernel_options)
 
 
 def checked_sparge(fn):
@@ -485,13 +482,14 @@ def run_config(bench, args, d, causal):
                 bench.add(cfg, f"  sparge kernel {fq}x{fk} topk={topk}", f"sparge CUDA block_sparse_attn {fq}x{fk}",
                           checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
                               q, k, v, flut, fcounts, blkq=fq, blkk=fk, is_causal=causal)),
-                          sets, fd, ffu, extra=dict(extra, kind=f"kernel{ft}", density=fdens))
+                          sets, fd, ffu, extra=dict(extra, kind=f"kernel{ft}", blk=f"{fq}x{fk}", density=fdens))
                 if args.fp8:
                     bench.add(cfg, f"  sparge kernel fp8 {fq}x{fk} topk={topk}",
                               f"sparge block_sparse_attn recipe fp8 {fq}x{fk} (prepass included)",
                               checked_sparge(lambda q, k, v: sparge.block_sparse_attn(
                                   q, k, v, flut, fcounts, blkq=fq, blkk=fk, is_causal=causal, recipe="fp8")),
-                              sets, fd, ffu, extra=dict(extra, kind=f"kernel{ft}_fp8", density=fdens))
+                              sets, fd, ffu, extra=dict(extra, kind=f"kernel{ft}_fp8", blk=f"{fq}x{fk}",
+                                                        density=fdens))
             try:
                 bmask = flex_block_mask_from_lut(flut, fcounts, s, fq, fk, causal)
                 fopts = None
@@ -906,14 +904,9 @@ def print_targets(rows, token_rows, ab_rows=()):
                 want = 2.5 if topk == 0.4 else 8.5
                 lines.append(f"{r['name']} / cuDNN dense, {tag}: {x:.2f}x  (>= {want:.1f}x) {verdict(x, want)}")
             kind = r.get("kind", "")
-            # Kernel rows on a FlexAttention LUT: "kernel128", "kernel128x64_fp8", ..., or the block map's own
-            # LUT ("kernel", blk "QxK") when --flex-blk names that shape too.
-            shape = None
-            if re.fullmatch(r"kernel\d+(x\d+)?(_fp8)?", kind):
-                fq, _, fk = kind[6:].split("_")[0].partition("x")
-                shape = f"{fq}x{fk or fq}"
-            elif kind == "kernel" and "blk" in r:
-                shape = r["blk"]
+            # Kernel rows carry their LUT's block shape (blk "QxK": the block map's own LUT and each --flex-blk
+            # LUT), which names FlexAttention's row on the same LUT when --flex-blk has that shape.
+            shape = r.get("blk")
             if shape and "median_ms" in r:
                 flex = find_row(sub, f"  FlexAttention {shape} topk={topk}")
                 if flex and "median_ms" in flex and topk in (0.4, 0.1):

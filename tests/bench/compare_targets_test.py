@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU check of bench/compare.py's pure parts (no GPU, no torch: a stub module stands in for it): the --flex-blk
-parser and the target summary's pairing of kernel rows with the FlexAttention row of the same LUT shape (square
-shapes, "QxK" shapes, and the block map's own LUT when --flex-blk names its shape). Run by ctest (label cpu)."""
+parser and the target summary's pairing of kernel rows (by their LUT's block shape, `blk`) with the FlexAttention
+row of the same shape (square shapes, "QxK" shapes, and the block map's own LUT when --flex-blk names its shape).
+Run by ctest (label cpu)."""
 import contextlib
 import io
 import os
@@ -45,9 +46,9 @@ def main():
     rows = [
         row("cuDNN SDPA", "dense", 14.0, None),
         row("  sparge kernel topk=0.4", "kernel", 6.0, 0.4, blk="128x64"),
-        row("  sparge kernel 128x128 topk=0.4", "kernel128", 6.5, 0.4),
-        row("  sparge kernel fp8 128x128 topk=0.4", "kernel128_fp8", 5.0, 0.4),
-        row("  sparge kernel 64x128 topk=0.4", "kernel64x128", 8.0, 0.4),
+        row("  sparge kernel 128x128 topk=0.4", "kernel128", 6.5, 0.4, blk="128x128"),
+        row("  sparge kernel fp8 128x128 topk=0.4", "kernel128_fp8", 5.0, 0.4, blk="128x128"),
+        row("  sparge kernel 64x128 topk=0.4", "kernel64x128", 8.0, 0.4, blk="64x128"),
         row("  FlexAttention 128x64 topk=0.4", "flex128x64", 9.0, 0.4),
         row("  FlexAttention 128x128 topk=0.4", "flex128", 8.45, 0.4),
         row("  FlexAttention 64x128 topk=0.4", "flex64x128", 10.0, 0.4),
