@@ -98,10 +98,13 @@ def time_ab(fa, fb, input_sets, warmup, rounds, block=5, settle=2, warmup_ms=0.0
     were tried first (session 16, s16r2) and measure each peer partly under the other's power state:
     the follower of a power-hungrier kernel starts on lower clocks. Session 18: the settle calls also last
     at least settle_ms of GPU time (--settle-ms), since 2 calls of a 1.6 ms kernel left the previous
-    peer's clocks in the block: the A/B and the rows disagreed by up to 10% on the short kernels."""
+    peer's clocks in the block: the A/B and the rows disagreed by up to 10% on the short kernels.
+    Returns the two medians and, per pair of neighbouring blocks (block i of fa, block i of fb), the ratio
+    of their medians (fa / fb): the spread of the ratio within the run (session 25)."""
     warm_up([fa, fb], input_sets, warmup, warmup_ms)
     blocks = max(2, (rounds + block - 1) // block)
     times = {0: [], 1: []}
+    block_medians = {0: [], 1: []}
     for i in range(blocks):
         for which in ((0, 1) if i % 2 == 0 else (1, 0)):
             fn = fa if which == 0 else fb
@@ -113,8 +116,18 @@ def time_ab(fa, fb, input_sets, warmup, rounds, block=5, settle=2, warmup_ms=0.0
                 fn(*args)
                 e1.record()
             torch.cuda.synchronize()
-            times[which] += [e0.elapsed_time(e1) for e0, e1 in ev]
-    return statistics.median(times[0]), statistics.median(times[1])
+            t = [e0.elapsed_time(e1) for e0, e1 in ev]
+            times[which] += t
+            block_medians[which].append(statistics.median(t))
+    pair_ratios = [a / b for a, b in zip(block_medians[0], block_medians[1])]
+    return statistics.median(times[0]), statistics.median(times[1]), pair_ratios
+
+
+def ratio_spread(pairs):
+    """'lo..hi, n = N' of the A/B's per-block-pair ratios (time_ab)."""
+    if not pairs:
+        return "n/a"
+    return f"{min(pairs):.3f}..{max(pairs):.3f}, n = {len(pairs)}"
 
 
 def make_input_sets(b, h, s, d, dtype, n_max_sets=4):
@@ -317,11 +330,12 @@ class Bench:
         row.update({"name": name, "kind": "ab", "peer": peer, "target": target})
         row.update(extra or {})
         try:
-            ma, mb = time_ab(fa, fb, input_sets, self.args.warmup, self.args.ab, warmup_ms=self.args.warmup_ms,
-                             settle_ms=self.args.settle_ms)
-            row.update({"peer_ms": ma, "sparge_ms": mb, "ratio": ma / mb, "rounds": self.args.ab})
+            ma, mb, pairs = time_ab(fa, fb, input_sets, self.args.warmup, self.args.ab, warmup_ms=self.args.warmup_ms,
+                                    settle_ms=self.args.settle_ms)
+            row.update({"peer_ms": ma, "sparge_ms": mb, "ratio": ma / mb, "rounds": self.args.ab,
+                        "block_ratios": pairs})
             print(f"  {name:<42} A/B x{self.args.ab}: {peer} {ma:.3f} ms, sparge {mb:.3f} ms, "
-                  f"ratio {ma / mb:.3f}", flush=True)
+                  f"ratio {ma / mb:.3f} (block pairs {ratio_spread(pairs)})", flush=True)
         except Exception as e:
             row["error"] = reason_of(e)
             print(f"  {name:<42} A/B n/a ({row['error']})", flush=True)
@@ -916,8 +930,12 @@ def print_targets(rows, token_rows, ab_rows=()):
     for r in ab_rows:
         if "ratio" in r and (r.get("topk") in (None, 0.4, 0.1)):
             tag = f"d{r['d']} {'causal' if r['causal'] else 'non-causal'}"
+            pairs = r.get("block_ratios") or []
+            every = "" if not pairs else (", every block pair" if min(pairs) >= r["target"] else
+                                          f", {sum(x >= r['target'] for x in pairs)} of {len(pairs)} block pairs")
             lines.append(f"{r['name']}, {tag}, interleaved A/B x{r['rounds']}: {r['ratio']:.2f}x  "
-                         f"(>= {r['target']:.2f}x) {verdict(r['ratio'], r['target'])}")
+                         f"(>= {r['target']:.2f}x) {verdict(r['ratio'], r['target'])}"
+                         f"  [block pairs {ratio_spread(pairs)}{every}]")
     for r in token_rows:
         if r.get("kind") == "topk" and r.get("impl") == "sparge":
             x = r.get("speedup_vs_torch_topk")

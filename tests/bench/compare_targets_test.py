@@ -66,6 +66,25 @@ def main():
         "sparge kernel 64x128 topk=0.4 / FlexAttention same LUT, d128 non-causal: 1.25x  (>= 1.40x) FAIL",
     ]
     assert lines == want, "\n".join(["got:"] + lines + ["want:"] + want)
+
+    # A/B rows: the overall ratio decides; the per-block-pair spread is reported beside it.
+    assert c["ratio_spread"]([]) == "n/a"
+    assert c["ratio_spread"]([1.41, 1.37, 1.44]) == "1.370..1.440, n = 3"
+    ab = [dict(row("sparge kernel 128x128 vs FlexAttention topk=0.4", "ab", None, 0.4), ratio=1.409, rounds=20,
+               target=1.4, block_ratios=[1.41, 1.37, 1.44, 1.42]),
+          dict(row("sparge dense vs cuDNN SDPA", "ab", None, None), ratio=1.06, rounds=20, target=1.05,
+               block_ratios=[1.06, 1.07])]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        c["print_targets"]([], [], ab)
+    lines = [ln.strip() for ln in out.getvalue().splitlines() if "interleaved" in ln]
+    want = [
+        "sparge kernel 128x128 vs FlexAttention topk=0.4, d128 non-causal, interleaved A/B x20: 1.41x  (>= 1.40x) "
+        "PASS  [block pairs 1.370..1.440, n = 4, 3 of 4 block pairs]",
+        "sparge dense vs cuDNN SDPA, d128 non-causal, interleaved A/B x20: 1.06x  (>= 1.05x) PASS  "
+        "[block pairs 1.060..1.070, n = 2, every block pair]",
+    ]
+    assert lines == want, "\n".join(["got:"] + lines + ["want:"] + want)
     print("compare.py targets: ok")
 
 
