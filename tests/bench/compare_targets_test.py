@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """CPU check of bench/compare.py's pure parts (no GPU, no torch: a stub module stands in for it): the --flex-blk
 parser and the target summary's pairing of kernel rows (by their LUT's block shape, `blk`) with the FlexAttention
-row of the same shape (square shapes, "QxK" shapes, and the block map's own LUT when --flex-blk names its shape).
-Run by ctest (label cpu)."""
+row of the same shape (square shapes, "QxK" shapes, and the block map's own LUT when --flex-blk names its shape), and
+the A/B rows' block-pair spread in that summary. Run by ctest (label cpu)."""
 import contextlib
 import io
 import os
