@@ -5,6 +5,9 @@
 //
 //   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0]
 //
+// SPARGE_TRACE_FP8=1: the fp8 recipe's kernels instead (blkk 128 or 64, paired; modes 0, 1, 4), on random e4m3 Q, K and
+// V^T of magnitude < 2 with unit scales in the recipe's own layouts (no prepass: the kernel alone; session 25).
+//
 // Runs a Traits with kTrace = true (a distinct kernel; the library's kernels compile no stamps),
 // times it without stamps (P.trace = nullptr: only the stamps' branches), then once with them, and
 // prints the median of each interval per tile in SM cycles. SPARGE_SM90_VARIANT applies as in the
@@ -27,12 +30,21 @@ using sparge::cuda::attn::KernelParams;
 
 namespace {
 
-template <class Base, bool kTraceLoop_ = false, bool kFlip = false, bool kTrace_ = true, bool kQRegsFlip = false>
-struct Traced : Base {
-  static constexpr bool kTrace = kTrace_;
-  static constexpr bool kTraceLoop = kTraceLoop_;
+// The flips of mode bits 1 and 3 (the fp8 kernels have neither: their softmax reads no kRowStagger, and nvcc warns
+// about a member no instantiation reads).
+template <class Base, bool kFlip, bool kQRegsFlip, bool = Base::kFp8>
+struct Flipped : Base {
   static constexpr bool kRowStagger = Base::kRowStagger != kFlip;
   static constexpr bool kQRegs = Base::kQRegs != kQRegsFlip;
+};
+template <class Base, bool kFlip, bool kQRegsFlip>
+struct Flipped<Base, kFlip, kQRegsFlip, true> : Base {
+  static_assert(!kFlip && !kQRegsFlip, "mode bits 1 and 3 do not apply to the fp8 kernels");
+};
+template <class Base, bool kTraceLoop_ = false, bool kFlip = false, bool kTrace_ = true, bool kQRegsFlip = false>
+struct Traced : Flipped<Base, kFlip, kQRegsFlip> {
+  static constexpr bool kTrace = kTrace_;
+  static constexpr bool kTraceLoop = kTraceLoop_;
 };
 // The Traced kernel that mode M selects (bits as in main).
 template <class Base, int M>
@@ -46,6 +58,24 @@ __global__ void fill_random(__half* x, long long n, unsigned seed) {
     h *= 2246822519u;
     h ^= h >> 13;
     x[i] = __float2half(static_cast<float>(h & 0xFFFF) / 32768.0f - 1.0f);
+  }
+}
+
+// Random e4m3 bytes of magnitude < 2 (exponent field 0..7: never the NaN pattern), for the fp8 kernels' Q, K and V^T.
+__global__ void fill_e4m3(std::uint8_t* x, long long n, unsigned seed) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = static_cast<std::uint8_t>((h & 0x80u) | (((h >> 8) & 7u) << 3) | ((h >> 16) & 7u));
+  }
+}
+__global__ void fill_value(float* x, long long n, float v) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    x[i] = v;
   }
 }
 
@@ -126,10 +156,42 @@ int run(double density, int timed) {
   const sparge::Tensor tq = sparge::make_tensor(q, sparge::DType::f16, {B, S, H, D}, {qs[0], qs[1], qs[2], 1});
   const sparge::Tensor tk = sparge::make_tensor(k, sparge::DType::f16, {B, SK, HK, D}, {ks[0], ks[1], ks[2], 1});
   const sparge::Tensor tv = sparge::make_tensor(v, sparge::DType::f16, {B, SK, HK, D}, {ks[0], ks[1], ks[2], 1});
-  if (!sm90::encode_tensor_map(&P.q_map, tq, BQ) || !sm90::encode_tensor_map(&P.k_map, tk, BK) ||
-      !sm90::encode_tensor_map(&P.v_map, tv, BK)) {
+  if (!Tr::kFp8 && (!sm90::encode_tensor_map(&P.q_map, tq, BQ) || !sm90::encode_tensor_map(&P.k_map, tk, BK) ||
+                    !sm90::encode_tensor_map(&P.v_map, tv, BK))) {
     std::fprintf(stderr, "tensor maps refused\n");
     return 1;
+  }
+  // The fp8 recipe's kernels read Q, K (rows of 128 bytes, [b, h, s, 128]) and V^T ([b, hk, 128, sk padded to 128])
+  // in e4m3 through their own maps, with per-row Q, per-block K and per-channel V scales (quant.h's layouts).
+  std::vector<void*> fp8_buffers;
+  if constexpr (Tr::kFp8) {
+    if (hnd) {
+      std::fprintf(stderr, "SPARGE_TRACE_HND does not apply to the fp8 kernels (their layouts are fixed)\n");
+      return 2;
+    }
+    const long long sk_pad = (SK + 127) / 128 * 128, nkb = (SK + BK - 1) / BK;
+    std::uint8_t *q8, *k8, *v8t;
+    float *q_scale, *k_scale, *v_scale;
+    CHECK(cudaMalloc(&q8, n));
+    CHECK(cudaMalloc(&k8, nk));
+    CHECK(cudaMalloc(&v8t, static_cast<long long>(B) * HK * D * sk_pad));
+    CHECK(cudaMalloc(&q_scale, static_cast<long long>(B) * H * S * 4));
+    CHECK(cudaMalloc(&k_scale, static_cast<long long>(B) * HK * nkb * 4));
+    CHECK(cudaMalloc(&v_scale, static_cast<long long>(B) * HK * D * 4));
+    fill_e4m3<<<1024, 256>>>(q8, n, 4u);
+    fill_e4m3<<<1024, 256>>>(k8, nk, 5u);
+    fill_e4m3<<<1024, 256>>>(v8t, static_cast<long long>(B) * HK * D * sk_pad, 6u);
+    fill_value<<<256, 256>>>(q_scale, static_cast<long long>(B) * H * S, 1.0f);
+    fill_value<<<256, 256>>>(k_scale, static_cast<long long>(B) * HK * nkb, 1.0f);
+    fill_value<<<256, 256>>>(v_scale, static_cast<long long>(B) * HK * D, 1.0f);
+    if (!sm90::encode_fp8_rows_map(&P.q_map, q8, B, H, S, 128) || !sm90::encode_fp8_rows_map(&P.k_map, k8, B, HK, SK, BK) ||
+        !sm90::encode_fp8_vt_map(&P.v_map, v8t, B, HK, sk_pad)) {
+      std::fprintf(stderr, "fp8 tensor maps refused\n");
+      return 1;
+    }
+    P.q_scale = q_scale, P.k_scale = k_scale, P.v_scale = v_scale, P.lse_shift = nullptr;
+    P.nkb = static_cast<int>(nkb);
+    fp8_buffers = {q8, k8, v8t, q_scale, k_scale, v_scale};
   }
   const sparge::Tensor to = sparge::make_tensor(o, sparge::DType::f16, {B, S, H, D}, {qs[0], qs[1], qs[2], 1});
   P.o_tma = sm90::encode_tensor_map(&P.o_map, to, 64) ? 1 : 0;
@@ -148,7 +210,10 @@ int run(double density, int timed) {
   kp.batch = B, kp.hq = H, kp.hk = HK, kp.nq = NQ;
   kp.scale_log2 = 1.4426950408889634f / 11.313708498984761f;
   kp.lazy_rescale = true;
-  P.variant = sm90::variant_bits();  // as the launcher
+  // As the launchers: the fp8 kernels' defaults and the bits that do not apply to them (KernelFp8::launch).
+  P.variant = Tr::kFp8 ? sm90::variant_bits(sm90::kVariantQDouble | sm90::kVariantEarlyNext) &
+                             ~(sm90::kVariantClusterKV | sm90::kVariantLegacyPv | sm90::kVariantNoPair | sm90::kVariantPairQ64)
+                       : sm90::variant_bits();
   const int tiles = B * H * NQ;
 
   cudaEvent_t e0, e1;
@@ -168,8 +233,8 @@ int run(double density, int timed) {
   for (int i = 0; i < timed; ++i) ms.push_back(timed_launch());
   const double flops = 4.0 * B * H * static_cast<double>(S) * (Tr::kDenseOnly ? SK : count * BK) * D;
   const double med = median(ms);
-  std::printf("%sblk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
-              "selected blocks\n", hnd ? "HND " : "", BK, static_cast<double>(count) / NK, count, P.variant, med, timed,
+  std::printf("%s%sblk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
+              "selected blocks\n", Tr::kFp8 ? "fp8 " : "", hnd ? "HND " : "", BK, static_cast<double>(count) / NK, count, P.variant, med, timed,
               flops / med / 1e9);
   // SPARGE_TRACE_STEADY=N: also N launches back to back between two events (no host synchronisation between
   // them: the GPU's sustained clock and power, as in a benchmark loop), their mean.
@@ -294,6 +359,7 @@ int run(double density, int timed) {
                     static_cast<void*>(dlut), static_cast<void*>(dcounts)}) {
     CHECK(cudaFree(ptr));
   }
+  for (void* ptr : fp8_buffers) CHECK(cudaFree(ptr));
   return 0;
 }
 
@@ -322,15 +388,23 @@ int main(int argc, char** argv) {
   using M176 = Modes<sm90::Traits<__half, 128, 128, 176>, 0, 2, 4, 6>;
   using M128 = Modes<sm90::Traits<__half, 128, 128, 128>, 0, 1, 2, 3, 4, 6, 8, 12>;
   using M64 = Modes<sm90::Traits<__half, 128, 128, 64, true>, 0, 2, 4>;
-  const bool known = blkk == 176 ? M176::has(mode) : blkk == 128 ? M128::has(mode) : blkk == 64 && M64::has(mode);
+  // SPARGE_TRACE_FP8=1: the fp8 recipe's kernels (sm90::Fp8Traits: 128 x 128, and 128 x 64 paired), f16 output.
+  using F128 = Modes<sm90::Traits<__half, 128, 128, 128, false, true>, 0, 1, 4>;
+  using F64 = Modes<sm90::Traits<__half, 128, 128, 64, true, true>, 0, 1, 4>;
+  const char* fp8_env = std::getenv("SPARGE_TRACE_FP8");
+  const bool fp8 = fp8_env != nullptr && fp8_env[0] == '1';
+  const bool known = fp8 ? (blkk == 128 ? F128::has(mode) : blkk == 64 && F64::has(mode))
+                         : (blkk == 176 ? M176::has(mode) : blkk == 128 ? M128::has(mode) : blkk == 64 && M64::has(mode));
   if (!(density > 0.0 && density <= 1.0) || timed < 1 || !known) {
     std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode: "
                          "bit 0 also stamps inside key tile %u of the loop, bit 1 flips Traits::kRowStagger, bit 2 no "
-                         "stamps, bit 3 flips Traits::kQRegs; blkk 176: 0, 2, 4, 6; 128: 0..4, 6, 8, 12; 64: 0, 2, 4]\n",
+                         "stamps, bit 3 flips Traits::kQRegs; blkk 176: 0, 2, 4, 6; 128: 0..4, 6, 8, 12; 64: 0, 2, 4; "
+                         "with SPARGE_TRACE_FP8=1: blkk 128 or 64, modes 0, 1, 4]\n",
                  sm90::kTraceKeyTile);
     return 2;
   }
-  std::printf("mode %d\n", mode);
+  std::printf("mode %d%s\n", mode, fp8 ? " (fp8 recipe kernel)" : "");
+  if (fp8) return blkk == 128 ? F128::run_mode(mode, density, timed) : F64::run_mode(mode, density, timed);
   if (blkk == 176) return M176::run_mode(mode, density, timed);
   if (blkk == 128) return M128::run_mode(mode, density, timed);
   return M64::run_mode(mode, density, timed);
