@@ -184,8 +184,8 @@ int run(double density, int timed) {
     fill_value<<<256, 256>>>(q_scale, static_cast<long long>(B) * H * S, 1.0f);
     fill_value<<<256, 256>>>(k_scale, static_cast<long long>(B) * HK * nkb, 1.0f);
     fill_value<<<256, 256>>>(v_scale, static_cast<long long>(B) * HK * D, 1.0f);
-    if (!sm90::encode_fp8_rows_map(&P.q_map, q8, B, H, S, 128) || !sm90::encode_fp8_rows_map(&P.k_map, k8, B, HK, SK, BK) ||
-        !sm90::encode_fp8_vt_map(&P.v_map, v8t, B, HK, sk_pad)) {
+    if (!sm90::encode_fp8_rows_map(&P.q_map, q8, B, H, S, 128) ||
+        !sm90::encode_fp8_rows_map(&P.k_map, k8, B, HK, SK, BK) || !sm90::encode_fp8_vt_map(&P.v_map, v8t, B, HK, sk_pad)) {
       std::fprintf(stderr, "fp8 tensor maps refused\n");
       return 1;
     }
@@ -211,8 +211,8 @@ int run(double density, int timed) {
   kp.scale_log2 = 1.4426950408889634f / 11.313708498984761f;
   kp.lazy_rescale = true;
   // As the launchers: the fp8 kernels' defaults and the bits that do not apply to them (KernelFp8::launch).
-  P.variant = Tr::kFp8 ? sm90::variant_bits(sm90::kVariantQDouble | sm90::kVariantEarlyNext) &
-                             ~(sm90::kVariantClusterKV | sm90::kVariantLegacyPv | sm90::kVariantNoPair | sm90::kVariantPairQ64)
+  constexpr int kNotFp8 = sm90::kVariantClusterKV | sm90::kVariantLegacyPv | sm90::kVariantNoPair | sm90::kVariantPairQ64;
+  P.variant = Tr::kFp8 ? sm90::variant_bits(sm90::kVariantQDouble | sm90::kVariantEarlyNext) & ~kNotFp8
                        : sm90::variant_bits();
   const int tiles = B * H * NQ;
 
@@ -234,8 +234,8 @@ int run(double density, int timed) {
   const double flops = 4.0 * B * H * static_cast<double>(S) * (Tr::kDenseOnly ? SK : count * BK) * D;
   const double med = median(ms);
   std::printf("%s%sblk 128x%d density %.3f (%d blocks per row), variant %d: %.3f ms (median of %d), %.1f TFLOPS on the "
-              "selected blocks\n", Tr::kFp8 ? "fp8 " : "", hnd ? "HND " : "", BK, static_cast<double>(count) / NK, count, P.variant, med, timed,
-              flops / med / 1e9);
+              "selected blocks\n", Tr::kFp8 ? "fp8 " : "", hnd ? "HND " : "", BK, static_cast<double>(count) / NK, count,
+              P.variant, med, timed, flops / med / 1e9);
   // SPARGE_TRACE_STEADY=N: also N launches back to back between two events (no host synchronisation between
   // them: the GPU's sustained clock and power, as in a benchmark loop), their mean.
   if (const char* e = std::getenv("SPARGE_TRACE_STEADY")) {
@@ -393,8 +393,8 @@ int main(int argc, char** argv) {
   using F64 = Modes<sm90::Traits<__half, 128, 128, 64, true, true>, 0, 1, 4>;
   const char* fp8_env = std::getenv("SPARGE_TRACE_FP8");
   const bool fp8 = fp8_env != nullptr && fp8_env[0] == '1';
-  const bool known = fp8 ? (blkk == 128 ? F128::has(mode) : blkk == 64 && F64::has(mode))
-                         : (blkk == 176 ? M176::has(mode) : blkk == 128 ? M128::has(mode) : blkk == 64 && M64::has(mode));
+  const bool known_f16 = blkk == 176 ? M176::has(mode) : blkk == 128 ? M128::has(mode) : blkk == 64 && M64::has(mode);
+  const bool known = fp8 ? (blkk == 128 ? F128::has(mode) : blkk == 64 && F64::has(mode)) : known_f16;
   if (!(density > 0.0 && density <= 1.0) || timed < 1 || !known) {
     std::fprintf(stderr, "usage: sparge_sm90_trace [density in (0, 1]] [blkk 64|128|176] [timed runs >= 1] [mode: "
                          "bit 0 also stamps inside key tile %u of the loop, bit 1 flips Traits::kRowStagger, bit 2 no "
