@@ -50,34 +50,40 @@ struct Traced : Flipped<Base, kFlip, kQRegsFlip> {
 template <class Base, int M>
 using ByMode = Traced<Base, (M & 1) != 0, (M & 2) != 0, (M & 4) == 0, (M & 8) != 0>;
 
-__global__ void fill_random(__half* x, long long n, unsigned seed) {
+// x[i] = f(i) over n elements (grid-stride), for the harness's inputs.
+template <class T, class F>
+__global__ void fill(T* x, long long n, F f) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = __float2half(static_cast<float>(h & 0xFFFF) / 32768.0f - 1.0f);
+    x[i] = f(i);
   }
 }
-
+__device__ __forceinline__ unsigned index_hash(long long i, unsigned seed) {
+  unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  return h;
+}
+// Uniform halves in [-1, 1).
+struct RandomHalf {
+  unsigned seed;
+  __device__ __half operator()(long long i) const {
+    return __float2half(static_cast<float>(index_hash(i, seed) & 0xFFFF) / 32768.0f - 1.0f);
+  }
+};
 // Random e4m3 bytes of magnitude < 2 (exponent field 0..7: never the NaN pattern), for the fp8 kernels' Q, K and V^T.
-__global__ void fill_e4m3(std::uint8_t* x, long long n, unsigned seed) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = static_cast<std::uint8_t>((h & 0x80u) | (((h >> 8) & 7u) << 3) | ((h >> 16) & 7u));
+struct RandomE4m3 {
+  unsigned seed;
+  __device__ std::uint8_t operator()(long long i) const {
+    const unsigned h = index_hash(i, seed);
+    return static_cast<std::uint8_t>((h & 0x80u) | (((h >> 8) & 7u) << 3) | ((h >> 16) & 7u));
   }
-}
-__global__ void fill_value(float* x, long long n, float v) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    x[i] = v;
-  }
-}
+};
+struct Constant {
+  float v;
+  __device__ float operator()(long long) const { return v; }
+};
 
 void check(cudaError_t e, const char* what, int line) {
   if (e != cudaSuccess) {
@@ -124,9 +130,9 @@ int run(double density, int timed) {
   CHECK(cudaMalloc(&k, nk * 2));
   CHECK(cudaMalloc(&v, nk * 2));
   CHECK(cudaMalloc(&o, n * 2));
-  fill_random<<<1024, 256>>>(q, n, 1u);
-  fill_random<<<1024, 256>>>(k, nk, 2u);
-  fill_random<<<1024, 256>>>(v, nk, 3u);
+  fill<<<1024, 256>>>(q, n, RandomHalf{1u});
+  fill<<<1024, 256>>>(k, nk, RandomHalf{2u});
+  fill<<<1024, 256>>>(v, nk, RandomHalf{3u});
   // LUT rows: round(density * NK) distinct random blocks each (at least one), ascending.
   const int count = std::max(1, static_cast<int>(density * NK + 0.5));
   std::vector<std::int32_t> lut(static_cast<std::size_t>(B) * H * NQ * NK, -1);
@@ -170,20 +176,24 @@ int run(double density, int timed) {
       return 2;
     }
     const long long sk_pad = (SK + 127) / 128 * 128, nkb = (SK + BK - 1) / BK;
+    const long long nv8 = static_cast<long long>(B) * HK * D * sk_pad;  // bytes of V^T
+    // Scales: per Q row, per K block, per V channel.
+    const long long nqs = static_cast<long long>(B) * H * S, nks = static_cast<long long>(B) * HK * nkb,
+                    nvs = static_cast<long long>(B) * HK * D;
     std::uint8_t *q8, *k8, *v8t;
     float *q_scale, *k_scale, *v_scale;
     CHECK(cudaMalloc(&q8, n));
     CHECK(cudaMalloc(&k8, nk));
-    CHECK(cudaMalloc(&v8t, static_cast<long long>(B) * HK * D * sk_pad));
-    CHECK(cudaMalloc(&q_scale, static_cast<long long>(B) * H * S * 4));
-    CHECK(cudaMalloc(&k_scale, static_cast<long long>(B) * HK * nkb * 4));
-    CHECK(cudaMalloc(&v_scale, static_cast<long long>(B) * HK * D * 4));
-    fill_e4m3<<<1024, 256>>>(q8, n, 4u);
-    fill_e4m3<<<1024, 256>>>(k8, nk, 5u);
-    fill_e4m3<<<1024, 256>>>(v8t, static_cast<long long>(B) * HK * D * sk_pad, 6u);
-    fill_value<<<256, 256>>>(q_scale, static_cast<long long>(B) * H * S, 1.0f);
-    fill_value<<<256, 256>>>(k_scale, static_cast<long long>(B) * HK * nkb, 1.0f);
-    fill_value<<<256, 256>>>(v_scale, static_cast<long long>(B) * HK * D, 1.0f);
+    CHECK(cudaMalloc(&v8t, nv8));
+    CHECK(cudaMalloc(&q_scale, nqs * 4));
+    CHECK(cudaMalloc(&k_scale, nks * 4));
+    CHECK(cudaMalloc(&v_scale, nvs * 4));
+    fill<<<1024, 256>>>(q8, n, RandomE4m3{4u});
+    fill<<<1024, 256>>>(k8, nk, RandomE4m3{5u});
+    fill<<<1024, 256>>>(v8t, nv8, RandomE4m3{6u});
+    fill<<<256, 256>>>(q_scale, nqs, Constant{1.0f});
+    fill<<<256, 256>>>(k_scale, nks, Constant{1.0f});
+    fill<<<256, 256>>>(v_scale, nvs, Constant{1.0f});
     if (!sm90::encode_fp8_rows_map(&P.q_map, q8, B, H, S, 128) ||
         !sm90::encode_fp8_rows_map(&P.k_map, k8, B, HK, SK, BK) || !sm90::encode_fp8_vt_map(&P.v_map, v8t, B, HK, sk_pad)) {
       std::fprintf(stderr, "fp8 tensor maps refused\n");
