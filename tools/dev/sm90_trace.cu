@@ -220,10 +220,8 @@ int run(double density, int timed) {
   kp.batch = B, kp.hq = H, kp.hk = HK, kp.nq = NQ;
   kp.scale_log2 = 1.4426950408889634f / 11.313708498984761f;
   kp.lazy_rescale = true;
-  // As the launchers: the fp8 kernels' defaults and the bits that do not apply to them (KernelFp8::launch).
-  constexpr int kNotFp8 = sm90::kVariantClusterKV | sm90::kVariantLegacyPv | sm90::kVariantNoPair | sm90::kVariantPairQ64;
-  P.variant = Tr::kFp8 ? sm90::variant_bits(sm90::kVariantQDouble | sm90::kVariantEarlyNext) & ~kNotFp8
-                       : sm90::variant_bits();
+  // As the launchers (KernelFp8::launch for the fp8 kernels).
+  P.variant = Tr::kFp8 ? sm90::fp8_variant_bits() : sm90::variant_bits();
   const int tiles = B * H * NQ;
 
   cudaEvent_t e0, e1;

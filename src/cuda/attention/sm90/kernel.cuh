@@ -1782,8 +1782,7 @@ cudaError_t KernelFp8<T, BLKQ, BLKK>::attributes(cudaFuncAttributes* attr) {
 template <class T, int BLKQ, int BLKK>
 cudaError_t KernelFp8<T, BLKQ, BLKK>::launch(const Sm90Params& p, int num_tiles, cudaStream_t stream) {
   Sm90Params q = p;
-  q.variant = variant_bits(kVariantQDouble | kVariantEarlyNext) &
-              ~(kVariantClusterKV | kVariantLegacyPv | kVariantNoPair | kVariantPairQ64);
+  q.variant = fp8_variant_bits();
   return launch_kernel<Fp8Traits<T, BLKQ, BLKK>>(q, num_tiles, stream);
 }
 

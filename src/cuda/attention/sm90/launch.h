@@ -94,6 +94,13 @@ constexpr bool staged_bits(int variant) {
 // paired LUT since session 3, the 176 tile since session 13).
 // SPARGE_SM90_VARIANT's bits; `unset` when the variable is not set (the fp8 kernels' defaults differ).
 int variant_bits(int unset = 0);
+// The fp8 kernels' bits (KernelFp8::launch): two Q buffers and the next tile's prefetches when the variable is unset
+// (bits 2048 | 1024), less the bits that select other kernels (multicast, legacy pv_threshold, no pairing, BLKQ-64
+// pairing), which do not apply to them.
+inline int fp8_variant_bits() {
+  return variant_bits(kVariantQDouble | kVariantEarlyNext) &
+         ~(kVariantClusterKV | kVariantLegacyPv | kVariantNoPair | kVariantPairQ64);
+}
 
 // The dense tile of the Hopper kernel for this call (the variant bits above, read now): 128 x 176 at
 // head dim 128 unless bit 4096 asks for 128 x 128 (a 176-key tile pays the per-tile costs of the
