@@ -5,6 +5,7 @@
 //
 //   sparge_sm90_trace [density=0.1] [blkk=128|64|176] [timed runs=20] [mode=0]
 //
+// SPARGE_TRACE_NOEPI=1: a what-if, the tiles without their O / LSE stores (register epilogue; session 26).
 // SPARGE_TRACE_FP8=1: the fp8 recipe's kernels instead (blkk 128 or 64, paired; modes 0, 1, 4), on random e4m3 Q, K and
 // V^T of magnitude < 2 with unit scales in the recipe's own layouts (no prepass: the kernel alone; session 25).
 //
@@ -222,6 +223,10 @@ int run(double density, int timed) {
   kp.lazy_rescale = true;
   // As the launchers (KernelFp8::launch for the fp8 kernels).
   P.variant = Tr::kFp8 ? sm90::fp8_variant_bits() : sm90::variant_bits();
+  // SPARGE_TRACE_NOEPI=1: the what-if of session 26 (no O / LSE stores: the O digest is then meaningless).
+  if (const char* e = std::getenv("SPARGE_TRACE_NOEPI"); e != nullptr && std::atoi(e) != 0) {
+    P.variant |= sm90::kVariantTraceNoEpilogue;
+  }
   const int tiles = B * H * NQ;
 
   cudaEvent_t e0, e1;

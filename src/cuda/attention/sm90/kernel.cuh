@@ -1251,6 +1251,12 @@ struct Consumer {
         return;
       }
     }
+    if constexpr (Tr::kTrace) {  // dev/sm90_trace's what-if (session 26): the tile without its O / LSE stores
+      if (!stage && (P.variant & kVariantTraceNoEpilogue) != 0) {
+        trace_mark<Tr>(P, 1 + cw, trace_nt, 8);
+        return;
+      }
+    }
     // Epilogue (the portable kernel's: O = 0 / LSE = -inf for empty rows).
     std::int64_t o_row[2];
 #pragma unroll
