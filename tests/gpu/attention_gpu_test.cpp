@@ -1281,6 +1281,33 @@ SPARGE_CASES(AttentionGpuProperties) {
     c.lut = Lut::random; c.blkq = 128; c.blkk = blkk; c.density = 0.5;
     expect_launches_bitwise(c, 0, 131072, "the paired persistent launch");
   }});
+  // The V-staged epilogue (session 26: O of the hd128 BLKQ-128 LUT kernels through the tile's last V stage and TMA
+  // stores, the default) against the register epilogue (bit 1048576): the same O and LSE values written another way,
+  // so bitwise equal, and equal over relaunches. O in the input dtype (the map's), NHD and HND, causal, GQA, a ragged
+  // last query tile (sq % 128 != 0; TMA clips its rows), more query tiles than CTAs (persistent, the held stage
+  // released across tiles), paired and unpaired 128-key stages, empty LUT rows (no stage: register epilogue, the
+  // warpgroups pair up on nothing), pv_threshold, and ragged batches (warpgroups reaching past their sequence's end
+  // store from registers but still pair up on the stage barrier).
+  for (int blkk : {64, 128})
+    for (int k = 0; k < 5; ++k) {
+      Cfg c;
+      c.dt = k % 2 ? DType::bf16 : DType::f16; c.d = 128; c.blkq = 128; c.blkk = blkk; c.o_f32 = false;
+      c.b = 2; c.hq = 8; c.hk = 2; c.sq = 2100; c.sk = 1500; c.density = 0.3; c.hnd = k % 2 == 1;
+      if (k == 1) c.causal = true;
+      if (k == 2) { c.lut = Lut::empty; c.sq = 300; }
+      if (k == 3) { c.pv_thr = 2.0f; c.scale = 0.5f; c.lse = false; }
+      if (k == 4) {
+        c.lens_q = {256, 300, 0, 128, 77, 200, 1030};
+        c.lens_k = {300, 256, 5, 128, 400, 64, 900};
+        c.b = 7; c.density = 0.6;
+      }
+      const std::string name = c.name();
+      cases.push_back({"BSA_VSTAGED" + name.substr(name.find('(')), [c] {
+        if (!have_gpu()) GTEST_SKIP() << "no GPU";
+        if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device (the V-staged epilogue is the sm90 kernel's)";
+        expect_launches_bitwise(c, 0, 1048576, "the V-staged epilogue");
+      }});
+    }
   // The split tail where the default launch makes it: 144 query tiles on an H200's 132 persistent CTAs
   // (66 clusters for the dense 176 tile) leave 12 for a last round, each cut into chunks (dense: min(132 /
   // 12, 24 / 4) = 6 of its 176-key tiles; LUT: min(11, NK / 4) = 8 or 11 of its entries). Against the

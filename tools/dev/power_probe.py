@@ -24,12 +24,25 @@ import torch
 B, H, S, D, BLK = 2, 32, 16384, 128, 128
 
 
+def sampler_fields():
+    """The query fields this driver knows (the power-cap reason was renamed from clocks_throttle_reasons)."""
+    for reason in ("clocks_event_reasons.sw_power_cap", "clocks_throttle_reasons.sw_power_cap"):
+        fields = f"clocks.sm,power.draw,{reason}"
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            return fields
+    return "clocks.sm,power.draw"
+
+
 class Sampler:
-    FIELDS = "clocks.sm,power.draw,clocks_event_reasons.sw_power_cap"
+    FIELDS = None
 
     def __enter__(self):
+        if Sampler.FIELDS is None:
+            Sampler.FIELDS = sampler_fields()
         self.p = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
-                                   "-lms", "50"], stdout=subprocess.PIPE, text=True)
+                                   "-i", "0", "-lms", "50"], stdout=subprocess.PIPE, text=True)
         return self
 
     def __exit__(self, *exc):
@@ -39,7 +52,7 @@ class Sampler:
         for line in out.splitlines():
             parts = [x.strip() for x in line.split(",")]
             try:
-                rows.append((float(parts[0]), float(parts[1]), parts[2].lower() == "active"))
+                rows.append((float(parts[0]), float(parts[1]), len(parts) > 2 and parts[2].lower() == "active"))
             except (ValueError, IndexError):
                 pass
         mid = rows[len(rows) // 4: max(len(rows) // 4 + 1, 3 * len(rows) // 4)]

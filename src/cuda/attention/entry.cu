@@ -333,9 +333,13 @@ Status launch(const Problem& pb, const Selection& sel, const KernelParams& kp, c
     sp.q_map = sel.q_map;
     sp.k_map = sel.k_map;
     sp.v_map = sel.v_map;
-    // The staged epilogue's map (64-row boxes: one consumer warpgroup), when the variant bits ask for that
-    // epilogue; without it O is stored from registers.
-    sp.o_tma = !kp.o_is_f32 && attn::sm90::staged_bits(attn::sm90::variant_bits()) &&
+    // The staged epilogues' map (64-row boxes: one consumer warpgroup): for the Q-staged one when the variant
+    // bits ask for it, for the V-staged one (Traits::kVStaged: head dim 128, BLKQ 128, 128-key stages) unless
+    // they switch it off; without it O is stored from registers.
+    const int vbits = attn::sm90::variant_bits();
+    const bool v_staged = pb.q->shape[3] == 128 && sel.blkq == 128 && (sel.blkk == 128 || sel.blkk == 64) &&
+                          (vbits & attn::sm90::kVariantNoVStaged) == 0;
+    sp.o_tma = !kp.o_is_f32 && (attn::sm90::staged_bits(vbits) || v_staged) &&
                        attn::sm90::encode_tensor_map(&sp.o_map, *pb.o, 64)
                    ? 1
                    : 0;

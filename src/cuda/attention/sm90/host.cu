@@ -62,7 +62,7 @@ int variant_bits(int unset) {
   if (e == nullptr) return unset;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 0);
-  return end != e && v >= 0 && v < 1048576 ? static_cast<int>(v) : 0;
+  return end != e && v >= 0 && v < 2 * kVariantNoVStaged ? static_cast<int>(v) : 0;
 }
 
 DenseTile dense_tile(int head_dim) {

@@ -115,6 +115,11 @@ struct Traits {
   // -1.3% at density 1.0 / 0.4 / 0.1, bitwise the same O. fp16 / bf16 head dim 128, BLKQ 128 and 128-key stages
   // (the 128 x 128 and the paired 128 x 64 LUT kernels: Wgmma<T, 128>::rs_kmajor); not the dense-only tiles.
   static constexpr bool kQRegs = !FP8_ && HD_ == 128 && BLKQ_ == 128 && kTileK == 128;
+  // The V-staged epilogue (session 26, Consumer::v_staged): O goes out through the tile's last V stage with TMA
+  // stores instead of from registers. The kernels with Q in registers (their one Q buffer is refilled early, so
+  // it cannot hold O). dev/sm90_trace measured the register epilogue at ~2000 cycles of a ~42000-cycle query tile
+  // at density 0.1, and the tile 4% faster back to back without any O stores (SPARGE_TRACE_NOEPI).
+  static constexpr bool kVStaged = kQRegs;
 };
 
 // Per-tile event stamps of dev/sm90_trace (Traits::kTrace; no other kernel compiles any of this):
@@ -506,6 +511,9 @@ constexpr int kVoteBarrier = 1;
 constexpr int kTurnBarrier = 2;
 constexpr int kOwnVoteBarrier = 4;
 constexpr int kEpilogueBarrier = 8;  // + consumer warpgroup: the staged epilogue's barrier of its 128 threads
+// + consumer warpgroup: the V-staged epilogue's "the other warpgroup's last PV has read the stage" (the other
+// warpgroup arrives, this one syncs; 256 threads).
+constexpr int kVDoneBarrier = 5;
 
 // pv_threshold modes of the mainloop: off; per warp (each consumer warp votes on its own 16 rows
 // and publishes a tagged word; a warp reads the other warps' words only when its own rows all say
@@ -613,9 +621,9 @@ struct Consumer {
   // has finished reading it (its wgmmas completed: waited before this call). The flag and the rank
   // are read where needed (kernel parameter, special register): registers are at their limit.
   const Sm90Params& P;
-  __device__ __forceinline__ void release_kv(std::uint64_t* bar) const {
+  __device__ __forceinline__ void release_kv(std::uint64_t* bar, bool arrive = true) const {
     __syncwarp();
-    if (lane == 0) {
+    if (lane == 0 && arrive) {
       barrier_arrive(bar);
       if (Tr::kMayMulticast && P.multicast != 0) barrier_arrive_peer(bar, cluster_rank() ^ 1u);
     }
@@ -1056,28 +1064,60 @@ struct Consumer {
       return p.cu_seqlens_q == nullptr || t.q0 + cw * 64 + 64 <= t.sq;
     }
   }
-  // The normalized rows (as store_rows: O = 0 and LSE = -inf for an empty row) go into this
-  // warpgroup's 64 rows of the tile's Q buffer, dead since the last QK^T (q_empty is held back until
-  // here), in the 128-byte swizzled layout of the Q load (16-byte chunk c of row r at c ^ (r % 8):
-  // the eight rows of a 4-byte store instruction hit eight different chunks, no bank conflict). One
-  // thread then stores the slabs with TMA, waits until they have been read and releases the Q buffer
-  // for the warpgroup's four warps. The warps leave ~2000 cycles of global stores per tile behind
-  // (dev/sm90_trace, session 18).
+  // The Q-staged epilogue: through this warpgroup's 64 rows of the tile's Q buffer, dead since the last QK^T
+  // (q_empty is held back until the stores have read it).
   __device__ __forceinline__ void store_staged(std::int64_t lse_base) const {
+    store_through(lse_base, sm.q(qb), Tr::kQSlab, sm.q_empty(qb), false);
+  }
+  // The V-staged epilogue (Traits::kVStaged; docs/attention_sm90.md, "Session 26"): as store_staged, through
+  // this warpgroup's 64 rows of the tile's last V stage (the same 128-byte swizzled slabs of 128 rows), whose
+  // "empty" barrier both warpgroups hold back until their stores have read it. The other warpgroup's last PV
+  // reads all 128 rows of that stage, so the writes wait on kVDoneBarrier + cw, where it arrives once its PV
+  // has completed. The conditions that must agree in both warpgroups (they pair up on the barrier) are the
+  // tile's and the launch's: an fp16 / bf16 kernel with kVStaged, pingpong (turns keep a warpgroup from
+  // arriving for the next tile before the other has synced for this one), no multicast (a stage written by
+  // both CTAs), o_map encoded, not a split-tail chunk, not the Q-staged epilogue, not switched off
+  // (kVariantNoVStaged); a warpgroup whose 64 rows reach past a varlen sequence's end takes the register
+  // epilogue (v_store false) but still pairs up.
+  __device__ __forceinline__ bool v_staged(int unit, bool stage) const {
+    if constexpr (!Tr::kVStaged) {
+      (void)unit, (void)stage;
+      return false;
+    } else {
+      return pingpong && P.o_tma != 0 && P.multicast == 0 && unit < 0 && !stage && !staged_bits(P.variant) &&
+             (P.variant & kVariantNoVStaged) == 0;
+    }
+  }
+  __device__ __forceinline__ bool v_store() const { return p.cu_seqlens_q == nullptr || t.q0 + cw * 64 + 64 <= t.sq; }
+  // The normalized rows (as store_rows: O = 0 and LSE = -inf for an empty row) go into this warpgroup's 64 rows
+  // of `base` (slabs `slab` bytes apart), in the 128-byte swizzled layout of the TMA loads (16-byte chunk c of
+  // row r at c ^ (r % 8): the eight rows of a 4-byte store instruction hit eight different chunks, no bank
+  // conflict). One thread then stores the slabs with TMA, waits until they have been read and arrives on
+  // `release` for the warpgroup's four warps. v_done: first wait for the other warpgroup's kVDoneBarrier
+  // arrival (the V stage), after the rows are normalized and packed. The warps leave ~2000 cycles of global
+  // stores per tile behind (dev/sm90_trace, session 18).
+  __device__ __forceinline__ void store_through(std::int64_t lse_base, std::uint32_t base, int slab,
+                                                std::uint64_t* release_bar, bool v_done) const {
     const int g = lane >> 2, tq = lane & 3;
+    std::uint32_t packed[2][Tr::kDTiles];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float l_row = quad_sum(l[r]);
       const bool empty = !(l_row > 0.0f);
       const float inv = empty ? 0.0f : 1.0f / l_row;
-      const std::uint32_t row = q_tile + static_cast<std::uint32_t>((warp * 16 + g + 8 * r) * 128 + 4 * tq);
 #pragma unroll
-      for (int j = 0; j < Tr::kDTiles; ++j) {
-        shared_store(row + (j / 8) * Tr::kQSlab + (((j % 8) ^ g) * 16),
-                     Elem<T>::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv));
-      }
+      for (int j = 0; j < Tr::kDTiles; ++j) packed[r][j] = Elem<T>::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
       if (p.lse != nullptr && tq == 0 && row_in_seq[r] < t.sq) {
         p.lse[lse_base + row_in_seq[r] * p.lse_stride[2]] = row_lse(m[r], l_row, empty);
+      }
+    }
+    if (v_done) named_barrier_sync(kVDoneBarrier + cw, 256);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::uint32_t row = base + static_cast<std::uint32_t>((cw * 64 + warp * 16 + g + 8 * r) * 128 + 4 * tq);
+#pragma unroll
+      for (int j = 0; j < Tr::kDTiles; ++j) {
+        shared_store(row + (j / 8) * slab + (((j % 8) ^ g) * 16), packed[r][j]);
       }
     }
     fence_smem_async();
@@ -1085,11 +1125,12 @@ struct Consumer {
     if (warp == 0 && lane == 0) {
 #pragma unroll
       for (int s = 0; s < Tr::kSlabs; ++s) {
-        tma_store_4d(&P.o_map, sm.ptr(q_tile + s * Tr::kQSlab), s * 64, t.q_begin + t.q0 + cw * 64, t.h, t.b_dim0);
+        tma_store_4d(&P.o_map, sm.ptr(base + s * slab + cw * 64 * 128), s * 64, t.q_begin + t.q0 + cw * 64, t.h,
+                     t.b_dim0);
       }
       bulk_commit();
       bulk_wait_read();
-      barrier_arrive_n(sm.q_empty(qb), 4);
+      barrier_arrive_n(release_bar, 4);
     }
   }
 
@@ -1132,6 +1173,10 @@ struct Consumer {
     trace_mark<Tr>(P, 1 + cw, trace_nt, 1);
     [[maybe_unused]] const std::uint32_t seq_begin = seq;
     const bool stage = __shfl_sync(0xffffffffu, staged(unit) ? 1 : 0, 0) != 0;  // provably uniform for ptxas
+    const bool v_stage = Tr::kVStaged && __shfl_sync(0xffffffffu, v_staged(unit, stage) ? 1 : 0, 0) != 0;
+    const bool v_rows = Tr::kVStaged && __shfl_sync(0xffffffffu, v_store() ? 1 : 0, 0) != 0;
+    bool v_held = false;  // v_stage and a tile with key tiles: O goes out through V stage v_st
+    int v_st = 0;
     // The first tile and its K scales before the Q wait: their global loads overlap it.
     const KeyTile kt0 = next_uniform_tile(it);
     float ksc[2];
@@ -1239,7 +1284,15 @@ struct Consumer {
       wgmma_wait<0>();
       fence_accumulator(o);
       fence_p();
-      release_kv(sm.v_empty(st_prev));
+      if (v_stage) {
+        // This warpgroup's reads of the last V stage are done: the other one may write its rows of O there.
+        v_held = true;
+        v_st = st_prev;
+        named_barrier_arrive(kVDoneBarrier + (cw ^ 1), 256);
+      }
+      // Held back while O goes out through the stage (store_through releases it); the condition rides on the
+      // lane-0 branch inside: a release in a branch of its own made ptxas serialize the wgmmas (C7520).
+      release_kv(sm.v_empty(st_prev), !v_stage || !v_rows);
       trace_mark<Tr>(P, 1 + cw, trace_nt, 7);
     }
     trace_mark<Tr>(P, 1 + cw, trace_nt, 9, static_cast<long long>(seq - seq_begin));
@@ -1253,6 +1306,10 @@ struct Consumer {
     }
     if constexpr (Tr::kTrace) {  // dev/sm90_trace's what-if (session 26): the tile without its O / LSE stores
       if (!stage && (P.variant & kVariantTraceNoEpilogue) != 0) {
+        if (v_held) {
+          named_barrier_sync(kVDoneBarrier + cw, 256);
+          if (v_rows) release_kv(sm.v_empty(v_st));
+        }
         trace_mark<Tr>(P, 1 + cw, trace_nt, 8);
         return;
       }
@@ -1267,6 +1324,8 @@ struct Consumer {
     const std::int64_t lse_base = t.b * p.lse_stride[0] + t.h * p.lse_stride[1];
     if (stage) {
       store_staged(lse_base);
+    } else if (v_held && v_rows) {
+      store_through(lse_base, sm.v(v_st), Tr::kKVSlab, sm.v_empty(v_st), true);
     } else if constexpr (Tr::kFp8) {
       Fp8Epilogue f8;
       f8.v_scale = P.v_scale + (static_cast<std::int64_t>(t.b) * p.hk + t.hk) * Tr::kHeadDim;
@@ -1278,6 +1337,7 @@ struct Consumer {
       }
       store_rows<T, Tr::kDTiles, true>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane, f8);
     } else {
+      if (v_held) named_barrier_sync(kVDoneBarrier + cw, 256);  // pairs with the other warpgroup's arrival
       store_rows<T, Tr::kDTiles>(p, o, m, l, row_in_seq, t.sq, o_row, lse_base, lane);
     }
     trace_mark<Tr>(P, 1 + cw, trace_nt, 8);

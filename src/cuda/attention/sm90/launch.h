@@ -84,6 +84,7 @@ constexpr int kVariantNoCausalPairs = 131072;     // causal dense (BLKQ >= 128 t
 constexpr int kVariantStagedSingle = 262144;  // the staged epilogue also with one Q buffer (its release, after the
                                               // TMA stores have read it, then delays the next tile's Q load)
 constexpr int kVariantNoStaged = 524288;      // no staged epilogue: O from registers (the default before session 18)
+constexpr int kVariantNoVStaged = 1048576;     // no V-staged epilogue (Traits::kVStaged, session 26): O from registers
 constexpr int kVariantTraceNoEpilogue = 1 << 30;  // dev/sm90_trace only (Traits::kTrace), a what-if, WRONG
                                                  // ON PURPOSE: the register epilogue's O / LSE stores skipped
 // Whether these bits can turn the staged epilogue on (Consumer::staged adds the per-kernel and per-tile
