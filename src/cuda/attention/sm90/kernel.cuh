@@ -1093,7 +1093,7 @@ struct Consumer {
   // of `base` (slabs `slab` bytes apart), in the 128-byte swizzled layout of the TMA loads (16-byte chunk c of
   // row r at c ^ (r % 8): the eight rows of a 4-byte store instruction hit eight different chunks, no bank
   // conflict). One thread then stores the slabs with TMA, waits until they have been read and arrives on
-  // `release` for the warpgroup's four warps. v_done: first wait for the other warpgroup's kVDoneBarrier
+  // `release_bar` for the warpgroup's four warps. v_done: first wait for the other warpgroup's kVDoneBarrier
   // arrival (the V stage), after the rows are normalized and packed. The warps leave ~2000 cycles of global
   // stores per tile behind (dev/sm90_trace, session 18).
   __device__ __forceinline__ void store_through(std::int64_t lse_base, std::uint32_t base, int slab,
