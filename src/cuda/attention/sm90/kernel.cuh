@@ -1061,7 +1061,7 @@ struct Consumer {
       if (P.o_tma == 0 || unit >= 0 || !staged_bits(P.variant)) return false;
       const bool dbl = Tr::kQBufs == 2 && (P.variant & kVariantQDouble) != 0;
       if (!dbl && (P.variant & kVariantStagedSingle) == 0) return false;
-      return p.cu_seqlens_q == nullptr || t.q0 + cw * 64 + 64 <= t.sq;
+      return box_in_sequence();
     }
   }
   // The Q-staged epilogue: through this warpgroup's 64 rows of the tile's Q buffer, dead since the last QK^T
@@ -1078,7 +1078,7 @@ struct Consumer {
   // arriving for the next tile before the other has synced for this one), no multicast (a stage written by
   // both CTAs), o_map encoded, not a split-tail chunk, not the Q-staged epilogue, not switched off
   // (kVariantNoVStaged); a warpgroup whose 64 rows reach past a varlen sequence's end takes the register
-  // epilogue (v_store false) but still pairs up.
+  // epilogue (box_in_sequence false) but still pairs up.
   __device__ __forceinline__ bool v_staged(int unit, bool stage) const {
     if constexpr (!Tr::kVStaged) {
       (void)unit, (void)stage;
@@ -1088,7 +1088,11 @@ struct Consumer {
              (P.variant & kVariantNoVStaged) == 0;
     }
   }
-  __device__ __forceinline__ bool v_store() const { return p.cu_seqlens_q == nullptr || t.q0 + cw * 64 + 64 <= t.sq; }
+  // Whether this warpgroup's 64-row O box lies inside its sequence (always without varlen); under varlen a box
+  // reaching past the end would write the next sequence's rows, so such a warpgroup stores from registers.
+  __device__ __forceinline__ bool box_in_sequence() const {
+    return p.cu_seqlens_q == nullptr || t.q0 + cw * 64 + 64 <= t.sq;
+  }
   // The normalized rows (as store_rows: O = 0 and LSE = -inf for an empty row) go into this warpgroup's 64 rows
   // of `base` (slabs `slab` bytes apart), in the 128-byte swizzled layout of the TMA loads (16-byte chunk c of
   // row r at c ^ (r % 8): the eight rows of a 4-byte store instruction hit eight different chunks, no bank
@@ -1174,7 +1178,7 @@ struct Consumer {
     [[maybe_unused]] const std::uint32_t seq_begin = seq;
     const bool stage = __shfl_sync(0xffffffffu, staged(unit) ? 1 : 0, 0) != 0;  // provably uniform for ptxas
     const bool v_stage = Tr::kVStaged && __shfl_sync(0xffffffffu, v_staged(unit, stage) ? 1 : 0, 0) != 0;
-    const bool v_rows = Tr::kVStaged && __shfl_sync(0xffffffffu, v_store() ? 1 : 0, 0) != 0;
+    const bool v_rows = Tr::kVStaged && __shfl_sync(0xffffffffu, box_in_sequence() ? 1 : 0, 0) != 0;
     bool v_held = false;  // v_stage and a tile with key tiles: O goes out through V stage v_st
     int v_st = 0;
     // The first tile and its K scales before the Q wait: their global loads overlap it.
