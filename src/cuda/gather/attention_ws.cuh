@@ -69,6 +69,8 @@
 // iteration) in producer iterations <= i - 1.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/attention/sm90/pipeline.cuh"
 #include "cuda/attention/sm90/wgmma.cuh"
 #include "cuda/gather/attention_wgmma.cuh"
@@ -129,6 +131,39 @@ __device__ __forceinline__ void fence_regs(std::uint32_t (&p)[N][4]) {
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[i][e])::"memory");
+}
+
+// S (+)= Q K^T in the RS form (m64n64k16): A = this warp's 16 rows of Q for one 16-column k-step, from
+// registers (ws_load_q); B = K, K-major in shared memory (imm-trans-b = 0); scale_d == 0 overwrites S.
+// The consumers hold Q in registers for the whole tile, so a step's QK^T reads only K from shared memory
+// (at 64 keys per step Q was half of QK^T's operand reads, re-read every step).
+template <class T>
+__device__ __forceinline__ void qk_rs(float (&d)[8][4], const std::uint32_t (&a)[4], std::uint64_t b_desc, int scale_d) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+  }
+}
+
+// This warp's 16 rows of its warpgroup's Q tile (64 x D, 128-byte swizzled slabs of 64 columns) as wgmma A
+// fragments, one ldmatrix.x4 per 16-column k-step: matrix i of the x4 is rows (i & 1) * 8 .. + 7, columns
+// (i >> 1) * 8 .. + 7 of the k-step, so register i holds the A fragment's element pair i.
+template <int D>
+__device__ __forceinline__ void ws_load_q(std::uint32_t (&qa)[D / 16][4], const unsigned char* q_tile, int warp, int lane) {
+  const int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(qa[ks], q_tile + sw128(row, 2 * ks + (lane >> 4)));
 }
 
 // The producer's rows (session 11): thread pt copies 16-byte chunk c = pt % kChunks of the kIt
@@ -415,12 +450,21 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
     float m[2] = {-INFINITY, -INFINITY};
     float l[2] = {0.0f, 0.0f};
     float alpha[2];
-    const std::uint32_t q_addr = smem_addr(sq + cw * kTile);
     // Descriptors as a base per tile plus each k-step's constant offset (sm90/wgmma.cuh, DescBase:
-    // the same bits as k_major_desc / mn_major_desc); Q's base once per CTA.
-    const wg::DescBase qd = wg::k_major_base(q_addr);
+    // the same bits as k_major_desc / mn_major_desc); Q's base once per CTA. The unpaired walk holds
+    // Q in registers (qk_rs): loaded once, after its copies have landed (ldmatrix reads through the
+    // generic proxy: no proxy fence). The paired walk's 64 score registers leave no room for it
+    // (ptxas serialized its wgmmas, C7512), so it keeps Q in shared memory.
+    constexpr bool kQRegs = !kPair;
+    const wg::DescBase qd = wg::k_major_base(smem_addr(sq + cw * kTile));
+    std::uint32_t qa[kQRegs ? D / 16 : 1][4];
     if (pingpong && cw == 1) wg::named_barrier_arrive(kTurnBarrier + 0, 256);  // warpgroup 0 goes first
-    acquire(q_full, 0);
+    if constexpr (kQRegs) {
+      wg::barrier_wait(q_full, 0);
+      ws_load_q<D>(qa, sq + cw * kTile, warp, lane);
+    } else {
+      acquire(q_full, 0);
+    }
     if constexpr (kPair) {
       // ---- paired steps: stages j0 = 2 t and j1 = 2 t + 1 of the ring per turn (128 positions) ----
       // A half pair (odd nblk, the last turn) reads stage j0 in both halves with the second half's
@@ -562,9 +606,7 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       auto issue_qk = [&](int st) {
         const wg::DescBase kd = wg::k_major_base(smem_addr(skv + st * 2 * kTile));
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          wg::Wgmma<T, 64>::ss(s, qd.at(wg::k_major_offset(kSlab, ks)), kd.at(wg::k_major_offset(kSlab, ks)), ks > 0 ? 1 : 0);
-        }
+        for (int ks = 0; ks < D / 16; ++ks) qk_rs<T>(s, qa[ks], kd.at(wg::k_major_offset(kSlab, ks)), ks > 0 ? 1 : 0);
         wg::wgmma_commit();
       };
       auto issue_pv = [&](int st) {
