@@ -874,6 +874,8 @@ struct PathConfig {
   const char* pdl = nullptr;       // SPARGE_GATHER_PDL
   const char* wgmma_stages = nullptr;  // SPARGE_GATHER_WGMMA_STAGES
   const char* ws_pair = nullptr;       // SPARGE_GATHER_WS_PAIR
+  const char* ws_persist = nullptr;    // SPARGE_GATHER_WS_PERSIST
+  const char* persist_ctas = nullptr;  // SPARGE_GATHER_WS_PERSIST_CTAS (a smaller persistent grid)
 };
 // Sets a PathConfig's variables for its lifetime.
 class PathEnv {
@@ -888,10 +890,12 @@ class PathEnv {
         l2pf_("SPARGE_GATHER_L2PF", c.l2pf),
         pdl_("SPARGE_GATHER_PDL", c.pdl),
         wgmma_stages_("SPARGE_GATHER_WGMMA_STAGES", c.wgmma_stages),
-        ws_pair_("SPARGE_GATHER_WS_PAIR", c.ws_pair) {}
+        ws_pair_("SPARGE_GATHER_WS_PAIR", c.ws_pair),
+        ws_persist_("SPARGE_GATHER_WS_PERSIST", c.ws_persist),
+        persist_ctas_("SPARGE_GATHER_WS_PERSIST_CTAS", c.persist_ctas) {}
 
  private:
-  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_, pdl_, wgmma_stages_, ws_pair_;
+  ScopedEnv path_, wg_, stages_, arrive_, pingpong_, prefetch_, l2pf_, pdl_, wgmma_stages_, ws_pair_, ws_persist_, persist_ctas_;
 };
 // Switches added 2026-11-30 session 5 (not run on a GPU when added), each with the path it must
 // equal bit for bit (same keys, masks and arithmetic): SPARGE_GATHER_PREFETCH=1 (keys and mask
@@ -917,6 +921,18 @@ const BitwisePair kBitwisePairs[] = {
     {{"ws prefetch pdl", "ws", nullptr, nullptr, nullptr, nullptr, "1", nullptr, "1"}, {"ws stages=5 no prefetch", "ws", nullptr, "5", nullptr, nullptr, "0"}},
     // SPARGE_GATHER_WGMMA_STAGES=4 (BM 128 with prefetch, three steps in flight).
     {{"wgmma stages=4", "wgmma", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "4"}, {"wgmma no prefetch", "wgmma", nullptr, nullptr, nullptr, nullptr, "0"}},
+    // The persistent walk (session 27; the ws default for groups of more than 64 rows since s27r2,
+    // SPARGE_GATHER_WS_PERSIST=0 turns it off): the tiles in the per-tile grid's order, so bitwise its
+    // output (the "without" side, no prefetch, is always the per-tile grid); on the default grid (one
+    // CTA per SM: at these sizes one tile per CTA) and on grids of 1 to 3 CTAs
+    // (SPARGE_GATHER_WS_PERSIST_CTAS), which walk several tiles each (the ring, the Q buffers and the
+    // turns carried across tiles), with the smallest ring and without turns; and the per-tile grid
+    // with prefetch. Groups of at most 64 rows keep the per-tile kernel (one consumer warpgroup).
+    {{"ws per-tile prefetch", "ws", nullptr, nullptr, nullptr, nullptr, "1", nullptr, nullptr, nullptr, nullptr, "0"}, {"ws stages=5 no prefetch", "ws", nullptr, "5", nullptr, nullptr, "0"}},
+    {{"ws persist", "ws", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1"}, {"ws stages=5 no prefetch", "ws", nullptr, "5", nullptr, nullptr, "0"}},
+    {{"ws persist ctas=3", "ws", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1", "3"}, {"ws stages=5 no prefetch", "ws", nullptr, "5", nullptr, nullptr, "0"}},
+    {{"ws persist ctas=1 stages=2", "ws", nullptr, "2", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, "1", "1"}, {"ws stages=5 no prefetch", "ws", nullptr, "5", nullptr, nullptr, "0"}},
+    {{"ws persist ctas=2 pingpong=0", "ws", nullptr, nullptr, nullptr, "0", nullptr, nullptr, nullptr, nullptr, nullptr, "1", "2"}, {"ws stages=5 no prefetch", "ws", nullptr, "5", nullptr, nullptr, "0"}},
 };
 // The warp-specialized kernel's variants (not run on a GPU when they were added): its defaults
 // (BM 128 for groups of more than 64 rows, BM 64 otherwise; the most stages that fit; noinc
@@ -1216,6 +1232,16 @@ SPARGE_CASES(GatherGpu) {
     const GCase c{1, 8, 2, 130, 4096, 128, 512, DType::f16, false, false, 0.05, 64, 0.02};
     const std::string name = std::string("GATHER_GPU_WS_RELAUNCH(runs=400,union,") + (layout == Layout::kv ? "kv" : "q") + "_lists)";
     cases.push_back({name, [c, layout] { relaunch_case("GATHER_GPU_WS_RELAUNCH", layout, c, 400, true); }});
+  }
+  {  // The persistent ws walk (the default since session 27) on 3 CTAs: hd128, 256-row groups
+     // with a 2-position tail group (11 tiles: the tail groups' second row tiles hold no rows),
+     // 400 launches, per-query-head lists (masked steps).
+    const GCase c{1, 8, 2, 130, 4096, 128, 512, DType::f16, false, false, 0.05, 64, 0.02};
+    cases.push_back({"GATHER_GPU_WS_RELAUNCH(runs=400,union,q_lists,persist_ctas=3)", [c] {
+                       ScopedEnv e0("SPARGE_GATHER_WS_PERSIST", "1");
+                       ScopedEnv e1("SPARGE_GATHER_WS_PERSIST_CTAS", "3");
+                       relaunch_case("GATHER_GPU_WS_RELAUNCH", Layout::q, c, 400, true);
+                     }});
   }
   {  // The ws kernel at hd64 (its default since session 12), 400 launches, per-kv-head lists.
     const GCase c{1, 8, 2, 130, 4096, 64, 512, DType::f16, false, false, 0.05, 64, 0.02};
@@ -1768,7 +1794,7 @@ SPARGE_CASES(GatherGpuKv) {
                      // union_variant: SPARGE_GATHER_UNION_VARIANT (nullptr: the default, 5; 3 was the
                      // default before kRowBitmaps).
                      // trusted: check_lists = false (no read-back, no host wait): bitwise the first row.
-                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; const char* union_variant = nullptr; const char* ws_pair = nullptr; const char* pdl = nullptr; bool trusted = false; };
+                     struct Variant { const char* layout; bool uni; const char* path; const char* overlap; const char* union_variant = nullptr; const char* ws_pair = nullptr; const char* pdl = nullptr; bool trusted = false; const char* persist = nullptr; };
                      const Variant vs[] = {{"q", true, nullptr, nullptr},   {"kv", true, nullptr, nullptr},  {"q", true, "mma", nullptr},
                                            {"kv", true, "mma", nullptr},    {"q", true, "wgmma", nullptr},   {"kv", true, "wgmma", nullptr},
                                            {"kv", true, nullptr, "4"},      {"kv", true, "wgmma", "4"},      {"q", false, nullptr, nullptr},
@@ -1782,7 +1808,11 @@ SPARGE_CASES(GatherGpuKv) {
                                            {"q", true, "ws", nullptr, nullptr, "1"}, {"kv", true, "ws", nullptr, nullptr, "1"},
                                            {"kv", true, "wgmma", nullptr}, {"kv", true, "ws", nullptr}, {"kv", true, "ws", nullptr, nullptr, "1"},
                                            {"q", true, nullptr, nullptr, nullptr, nullptr, "1"}, {"kv", true, nullptr, nullptr, nullptr, nullptr, "1"},
-                                           {"kv", true, nullptr, nullptr}, {"kv", true, nullptr, nullptr, nullptr, nullptr, nullptr, true}};
+                                           {"kv", true, nullptr, nullptr}, {"kv", true, nullptr, nullptr, nullptr, nullptr, nullptr, true},
+                                           // The ws kernel's per-tile grid (SPARGE_GATHER_WS_PERSIST=0) next to the
+                                           // default (the persistent walk since session 27), alternated.
+                                           {"kv", true, nullptr, nullptr, nullptr, nullptr, nullptr, false, "0"}, {"kv", true, nullptr, nullptr},
+                                           {"kv", true, nullptr, nullptr, nullptr, nullptr, nullptr, false, "0"}, {"q", true, nullptr, nullptr, nullptr, nullptr, nullptr, false, "0"}};
                      for (const Variant& v : vs) {
                        const bool kvl = std::strcmp(v.layout, "kv") == 0;
                        pp.use_lists(kvl);
@@ -1793,13 +1823,14 @@ SPARGE_CASES(GatherGpuKv) {
                        ScopedEnv e4("SPARGE_GATHER_UNION_VARIANT", v.union_variant);
                        ScopedEnv e5("SPARGE_GATHER_WS_PAIR", v.ws_pair);
                        ScopedEnv e6("SPARGE_GATHER_PDL", v.pdl);
+                       ScopedEnv e7("SPARGE_GATHER_WS_PERSIST", v.persist);
                        RowTiming t;
                        ASSERT_NO_FATAL_FAILURE(measure_row(pp, v.overlap == nullptr && !v.trusted, ref, &t));
-                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s%s%s%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
+                       std::printf("[perf] gather hd128 keys=2048 lists=%s group_union=%d path=%s%s%s%s%s overlap=%s union_variant=%s: median %.3f ms (min %.3f max %.3f), "
                                    "%.1f TFLOPS on attended keys; host %.3f ms in the call; back-to-back %.3f ms per call (%.1f TFLOPS); union overlap (union / sum of distinct lists per group) = %.4f; "
                                    "max |O - O(first)| = %.2e\n",
                                    kvl ? "per-kv-head" : "per-q-head", v.uni, v.path ? v.path : "default", v.ws_pair ? " paired" : "", v.pdl ? " pdl" : "",
-                                   v.trusted ? " check_lists=0" : "", v.overlap ? v.overlap : "off",
+                                   v.trusted ? " check_lists=0" : "", v.persist ? (std::strcmp(v.persist, "0") == 0 ? " per-tile" : " persist") : "", v.overlap ? v.overlap : "off",
                                    v.union_variant ? v.union_variant : "5", t.med,
                                    t.min, t.max, flops / (t.med * 1e-3) / 1e12, t.host, t.b2b, flops / (t.b2b * 1e-3) / 1e12, overlap, t.diff);
                        EXPECT_LE(t.diff, 2e-2);

@@ -55,6 +55,9 @@ struct AttnArgs {
   int ws_pingpong = 1;      // two consumer warpgroups take turns issuing their wgmmas
   int ws_prefetch = 0;      // 1: union keys and mask words through shared memory (noinc mode only)
   int o_vec16 = 0;          // 1: O has Q's dtype, contiguous 16-byte aligned rows (the staged epilogue)
+  // The persistent walk (kPersist): the wave's tiles, row tiles per group.
+  std::int64_t ws_tiles = 0;
+  int ws_row_tiles = 0;
   // The prefetching wgmma kernels only (SPARGE_GATHER_L2PF=256): K/V gathers carry the .L2::256B
   // prefetch-size hint (a 256-byte row at hd128 is fetched from DRAM as one unit).
   int l2_256 = 0;

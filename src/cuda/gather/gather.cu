@@ -74,6 +74,7 @@ struct AttnChoice {
   int ws_arrive_wait = 0, ws_pingpong = 1;
   bool prefetch = false;  // SPARGE_GATHER_PREFETCH took effect (the profile line says so)
   bool ws_pair = false;   // the ws consumers take two stages per turn (SPARGE_GATHER_WS_PAIR)
+  bool ws_persist = false;  // the persistent ws walk (SPARGE_GATHER_WS_PERSIST): one CTA per SM
 };
 
 bool aligned16(const Tensor& t) {
@@ -111,22 +112,25 @@ AttnChoice pick_kernel(int tile_rows, bool wgmma, int stages = 3, bool prefetch 
 }
 
 // The warp-specialized kernel with C consumer warpgroups and `stages` K/V stages; kPair: its
-// paired consumers (hd128, C = 2 only: the instantiations that exist).
-template <class T, int D, int C, bool kPair = false>
+// paired consumers (hd128, C = 2 only: the instantiations that exist); kPersist: its persistent
+// walk (C = 2, unpaired, prefetch).
+template <class T, int D, int C, bool kPair = false, bool kPersist = false>
 AttnChoice pick_ws(int stages, bool prefetch) {
-  AttnChoice c{gather::attention_ws_kernel<T, D, C, kPair>, gather::WsShape<C>::kThreads, gather::WsShape<C>::smem_bytes(D, stages, prefetch),
-               gather::WsShape<C>::kBM, true, stages};
+  AttnChoice c{gather::attention_ws_kernel<T, D, C, kPair, kPersist>, gather::WsShape<C>::kThreads,
+               gather::WsShape<C>::smem_bytes(D, stages, prefetch, kPersist), gather::WsShape<C>::kBM, true, stages};
   c.name = "ws";
   c.ws = true;
   c.prefetch = prefetch;
   c.ws_pair = kPair;
+  c.ws_persist = kPersist;
   return c;
 }
 template <class T, int D>
-AttnChoice pick_ws(int consumers, int stages, bool prefetch, bool pair) {
+AttnChoice pick_ws(int consumers, int stages, bool prefetch, bool pair, bool persist) {
   if constexpr (D == 128) {
     if (pair && consumers == 2) return pick_ws<T, D, 2, true>(stages, prefetch);
   }
+  if (persist && consumers == 2) return pick_ws<T, D, 2, false, true>(stages, true);
   return consumers == 1 ? pick_ws<T, D, 1>(stages, prefetch) : pick_ws<T, D, 2>(stages, prefetch);
 }
 
@@ -180,7 +184,13 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   const int pf_stage = pf ? 64 * consumers * 8 : 0;
   constexpr int kSmemMax = 227 * 1024;     // one CTA per SM
   constexpr int kSmemHalf = 113 * 1024;    // two CTAs per SM (228 KB less 1 KB per CTA, halved)
-  const int max_stages = std::min(gather::kWsMaxStages, (kSmemMax - 1024 - pf_fixed - consumers * tile) / (2 * tile + pf_stage));
+  // The persistent walk (attention_ws.cuh, kPersist; session 27, the default since its H200 round s27r2: attention
+  // step 0.088 -> 0.082-0.084 ms, 0.124-0.125 -> 0.119-0.120 ms per call back to back at PERF.md's shape), two Q
+  // buffers, so one K/V stage fewer at hd128 (4); with two consumer warpgroups, the noinc producer with prefetch,
+  // unpaired. SPARGE_GATHER_WS_PERSIST=0: the one-tile-per-CTA grid.
+  const bool persist = env_int("SPARGE_GATHER_WS_PERSIST", 1) == 1 && consumers == 2 && pf && env_int("SPARGE_GATHER_WS_PAIR", 0) != 1;
+  const int q_tiles = (persist ? 2 : 1) * consumers;
+  const int max_stages = std::min(gather::kWsMaxStages, (kSmemMax - 1024 - pf_fixed - q_tiles * tile) / (2 * tile + pf_stage));
   const int two_cta_stages = std::min(gather::kWsMaxStages, (kSmemHalf - 1024 - pf_fixed - tile) / (2 * tile + pf_stage));
   int stages = consumers == 1 ? two_cta_stages : max_stages;
   const int st_req = env_int("SPARGE_GATHER_WS_STAGES", 0);
@@ -188,10 +198,10 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   stages = std::max(stages, 2);
   // Paired consumers need the mask words in the ring (prefetch) and at least 3 stages (a turn
   // holds the previous pair's two V stages while it waits for its two K stages).
-  const bool pair = env_int("SPARGE_GATHER_WS_PAIR", 0) == 1 && pf && stages >= 3;
+  const bool pair = !persist && env_int("SPARGE_GATHER_WS_PAIR", 0) == 1 && pf && stages >= 3;
   const bool f16 = plan.dtype == DType::f16;
-  AttnChoice c = d == 64 ? (f16 ? pick_ws<__half, 64>(consumers, stages, pf, pair) : pick_ws<__nv_bfloat16, 64>(consumers, stages, pf, pair))
-                         : (f16 ? pick_ws<__half, 128>(consumers, stages, pf, pair) : pick_ws<__nv_bfloat16, 128>(consumers, stages, pf, pair));
+  AttnChoice c = d == 64 ? (f16 ? pick_ws<__half, 64>(consumers, stages, pf, pair, persist) : pick_ws<__nv_bfloat16, 64>(consumers, stages, pf, pair, persist))
+                         : (f16 ? pick_ws<__half, 128>(consumers, stages, pf, pair, persist) : pick_ws<__nv_bfloat16, 128>(consumers, stages, pf, pair, persist));
   c.ws_arrive_wait = arrive_wait ? 1 : 0;
   c.ws_pingpong = env_int("SPARGE_GATHER_WS_PINGPONG", 1) != 0 ? 1 : 0;
   return c;
@@ -477,7 +487,7 @@ struct Profile {
     // The attention kernel's switches: "2 stages" (wgmma64), the ws ring, prefetch, L2 hint.
     std::string sw;
     if (ac.wgmma && !ac.ws && (ac.stages == 2 || ac.stages == 4)) sw += std::string(", ") + std::to_string(ac.stages) + " stages";
-    if (ac.ws) sw += std::string(", ") + std::to_string(ac.stages) + " stages, arrive " + (ac.ws_arrive_wait ? "wait" : "noinc") + (ac.ws_pingpong ? "" : ", no pingpong") + (ac.ws_pair ? ", paired" : "");
+    if (ac.ws) sw += std::string(", ") + std::to_string(ac.stages) + " stages, arrive " + (ac.ws_arrive_wait ? "wait" : "noinc") + (ac.ws_pingpong ? "" : ", no pingpong") + (ac.ws_pair ? ", paired" : "") + (ac.ws_persist ? ", persistent" : "");
     if (ac.prefetch) sw += ", prefetch";
     if (l2_256) sw += ", L2::256B";
     std::fprintf(stderr,
@@ -678,6 +688,24 @@ Status gather_attention(const GatherAttentionParams& p) {
   }
   if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
   const unsigned row_tiles = static_cast<unsigned>((geo.rows + tile_rows - 1) / tile_rows);
+  // The persistent ws walk: one CTA per SM (at most one per tile), each walking the wave's tiles
+  // with stride gridDim.x (attention_ws.cuh, kPersist).
+  int sms = 0;
+  if (ac.ws_persist) {
+    int dev = 0;
+    e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return cuda_fail("cannot read the SM count", e);
+    aa.ws_row_tiles = static_cast<int>(row_tiles);
+  }
+  auto attn_grid = [&](unsigned n) {
+    if (!ac.ws_persist) return dim3(row_tiles, n);
+    const std::int64_t tiles = static_cast<std::int64_t>(row_tiles) * n;
+    aa.ws_tiles = tiles;
+    // SPARGE_GATHER_WS_PERSIST_CTAS=n (tests): at most n CTAs, so small problems walk several tiles each.
+    const int cap = env_int("SPARGE_GATHER_WS_PERSIST_CTAS", 0);
+    return dim3(static_cast<unsigned>(std::min<std::int64_t>(tiles, cap > 0 ? std::min(cap, sms) : sms)));
+  };
   Profile prof(stream);
   SideStream side(stream);  // after the buffers: destroyed first, so the caller's stream waits for it
   if (slots == 2) {
@@ -749,7 +777,7 @@ Status gather_attention(const GatherAttentionParams& p) {
     if (prof.on && g0 == 0) cudaEventRecord(prof.ev[1], stream);
     if (pdl) {
       cudaLaunchConfig_t acfg{};
-      acfg.gridDim = dim3(row_tiles, n);
+      acfg.gridDim = attn_grid(n);
       acfg.blockDim = dim3(static_cast<unsigned>(attn_threads));
       acfg.dynamicSmemBytes = static_cast<size_t>(attn_smem);
       acfg.stream = stream;
@@ -761,7 +789,8 @@ Status gather_attention(const GatherAttentionParams& p) {
       e = cudaLaunchKernelEx(&acfg, attn, aa);
       if (e != cudaSuccess) return cuda_fail("attention kernel launch failed", e);
     } else {
-      attn<<<dim3(row_tiles, n), attn_threads, attn_smem, stream>>>(aa);
+      const dim3 grid = attn_grid(n);
+      attn<<<grid, attn_threads, attn_smem, stream>>>(aa);
     }
     if (prof.on && g0 == 0) cudaEventRecord(prof.ev[2], stream);
     if (slots == 2) {

@@ -12,10 +12,15 @@
 # and off. Mutations that fail it (tried 2026-11-30): the producer waiting for the empty barrier's
 # own parity instead of its complement (deadlock), a consumer releasing V before its PV retired
 # (WAR), the wait mode arriving the last V before its copies landed (stale read).
-# persistent=True (2026-12-01, session 12): the protocol planned for a persistent ws kernel (tiles in
-# sequence, the ring continuing across them, Q gated by a q_empty barrier), with three mutations that
-# must fail it (checked at the end of a run). Both walks are one model: the per-tile kernel is the
-# walk of one tile without Q.
+# persistent=True (planned in session 12, built in session 27 as attention_ws.cuh's kPersist): tiles in
+# sequence, the ring continuing across them, Q in two buffers (tile i in buffer i % 2, gated by that
+# buffer's q_empty barrier, which the consumers arrive on after the staged epilogue that writes O
+# through it), the pingpong turns opened once by warpgroup 1 and closed once by warpgroup 0, with
+# mutations that must fail it (checked at the end of a run). Both walks are one model: the per-tile
+# kernel is the walk of one tile without Q. Named barriers are modelled as phases of two members (a
+# warpgroup's bar.arrive or bar.sync joins the current phase; bar.sync waits for it to complete), so a
+# warpgroup arriving twice in one phase -- which on the hardware completes the phase without the other
+# warpgroup -- is an error (mutation 'pp_per_tile': the turns opened and closed at every tile).
 import random
 
 class Bar:
@@ -54,20 +59,31 @@ class Copies:
 # i + 1's union into buffer (i + 1) % 2 during tile i (after tile i's first stage), which tile i - 1's
 # copies read as their source until they land: before the build it waits until no copy of tile i - 1 is
 # in flight (cp.async.wait_all of its own copies in the kernel); mutation 'union_no_wait' skips that.
+class NBar:
+    """A named barrier of two warpgroups (count 256): each bar.arrive / bar.sync joins the current
+    phase, which completes when both have joined; bar.sync then waits for the phase it joined."""
+    def __init__(s): s.members, s.ph = [], 0
+    def join(s, who):
+        assert who not in s.members, f"warpgroup {who} joined a named barrier phase twice"
+        s.members.append(who)
+        ph = s.ph
+        if len(s.members) == 2: s.members, s.ph = [], s.ph + 1
+        return ph
+
 def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None, limit=200000, union=False):
     assert mode == 'noinc' or not persistent
     assert not union or persistent
     rnd = random.Random(seed)
     kf = [Bar(1) for _ in range(stages)]; vf = [Bar(1) for _ in range(stages)]
     ke = [Bar(C) for _ in range(stages)]; ve = [Bar(C) for _ in range(stages)]
-    qf, qe = Bar(1), Bar(C)
+    qf, qe = [Bar(1), Bar(1)], [Bar(C), Bar(C)]     # per Q buffer
     kbuf = [None]*stages; vbuf = [None]*stages      # (tile, step) whose data has LANDED
     kread = [0]*stages; vread = [0]*stages          # readers in flight
-    qbuf = [None]; qread = [0]                      # Q: its tile; QK^T / epilogue users
+    qbuf = [None, None]; qread = [0, 0]             # Q buffers: their tile; ldmatrix / epilogue users
     copies = Copies(rnd)
     if union:
         copies.source = [0, None]  # tile 0's union, built before the loop (the kernel's first-tile step)
-    tokens = {2: 0, 3: 0}
+    nbar = {2: NBar(), 3: NBar()}
     def build_union(t):  # tile t's union into buffer t % 2, once tile t - 2's copies have all landed
         if mutation != 'union_no_wait':
             while copies.of_tile(t - 2): yield
@@ -77,11 +93,12 @@ def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None,
         for i, nblk in enumerate(nblks):
             if union and nblk == 0 and i + 1 < len(nblks):
                 yield from build_union(i + 1)
-            def load_q():  # persistent: tile i's Q, after q_empty of tile i - 1
-                if i > 0 and mutation != 'q_no_wait':
-                    while not qe.ready((i - 1) & 1): yield
-                copies.issue(qbuf, qread, 0, i, qf, "Q")
-            if persistent and nblk == 0:
+            def load_q():  # persistent: tile i's Q into buffer i % 2, after its q_empty phase of tile i - 2
+                qb = i & 1
+                if mutation != 'q_no_wait':
+                    while not qe[qb].ready(((i >> 1) & 1) ^ 1): yield
+                copies.issue(qbuf, qread, qb, i, qf[qb], "Q")
+            if persistent:
                 yield from load_q()
             for blk in range(nblk):
                 while not ke[b].ready(phase ^ 1): yield
@@ -90,8 +107,6 @@ def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None,
                     # wait_group 1: everything but the newest group (K_blk) landed
                     while len(copies.pending) > 1: yield
                     vf[bprev].arrive()
-                if persistent and blk == 0:
-                    yield from load_q()
                 if union and blk == 0 and i + 1 < len(nblks):
                     yield from build_union(i + 1)
                 while not ve[b].ready(phase ^ 1): yield
@@ -108,26 +123,35 @@ def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None,
                 vf[bprev].arrive()
     def consumer(cw):
         pp = C == 2 and pingpong
+        def sync(bar):
+            ph = nbar[bar].join(cw)
+            while nbar[bar].ph == ph: yield
         def turn_begin():
-            if pp:
-                while tokens[2 + cw] == 0: yield
-                tokens[2 + cw] -= 1
+            if pp: yield from sync(2 + cw)
         def turn_end():
-            if pp: tokens[2 + (cw ^ 1)] += 1
+            if pp: nbar[2 + (cw ^ 1)].join(cw)
+        def open_turns():
+            if pp and cw == 1: nbar[2].join(cw)
+        def close_turns():
+            if pp and cw == 0: yield from sync(2)
         b, ph = 0, 0  # the ring position of the next step, across tiles
+        if mutation != 'pp_per_tile': open_turns()
         for i, nblk in enumerate(nblks):
             if mutation == 'ring_reset': b, ph = 0, 0
-            if pp and cw == 1: tokens[2] += 1
+            if mutation == 'pp_per_tile': open_turns()
+            qb = i & 1
             if persistent:
-                while not qf.ready(i & 1): yield
-                assert qbuf[0] == i, (qbuf[0], i)
+                while not qf[qb].ready((i >> 1) & 1): yield
+                assert qbuf[qb] == i, (qbuf[qb], i)
+                qread[qb] += 1; yield                   # ldmatrix of Q into registers
+                qread[qb] -= 1
             if nblk > 0:
                 while not kf[b].ready(ph): yield
                 assert kbuf[b] == (i, 0), (kbuf[b], i)
                 yield from turn_begin()
-                kread[b] += 1; qread[0] += 1            # S_0 issued
+                kread[b] += 1                           # S_0 issued
                 turn_end(); yield
-                kread[b] -= 1; qread[0] -= 1; ke[b].arrive()   # wait<0>, release
+                kread[b] -= 1; ke[b].arrive()           # wait<0>, release
                 bprev, phprev = b, ph
                 b += 1
                 if b == stages: b, ph = 0, ph ^ 1
@@ -137,9 +161,9 @@ def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None,
                     assert kbuf[b] == (i, blk), (kbuf[b], i, blk)
                     assert vbuf[bprev] == (i, blk - 1)
                     yield from turn_begin()
-                    kread[b] += 1; vread[bprev] += 1; qread[0] += 1
+                    kread[b] += 1; vread[bprev] += 1
                     turn_end(); yield
-                    kread[b] -= 1; qread[0] -= 1; ke[b].arrive(); yield
+                    kread[b] -= 1; ke[b].arrive(); yield
                     vread[bprev] -= 1; ve[bprev].arrive()
                     bprev, phprev = b, ph
                     b += 1
@@ -150,17 +174,16 @@ def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None,
                 vread[bprev] += 1
                 turn_end(); yield
                 vread[bprev] -= 1; ve[bprev].arrive()
-            if pp and cw == 0:
-                while tokens[2] == 0: yield
-                tokens[2] -= 1
+            if mutation == 'pp_per_tile': yield from close_turns()
             if not persistent:
                 continue
             if mutation == 'q_early_release':
-                qe.arrive(); qread[0] += 1; yield
-                qread[0] -= 1
+                qe[qb].arrive(); qread[qb] += 1; yield
+                qread[qb] -= 1
             else:
-                qread[0] += 1; yield   # the staged epilogue writes through the Q tile
-                qread[0] -= 1; qe.arrive()
+                qread[qb] += 1; yield   # the staged epilogue writes through the Q buffer
+                qread[qb] -= 1; qe[qb].arrive()
+        if mutation != 'pp_per_tile': yield from close_turns()
     procs = [producer()] + [consumer(c) for c in range(C)]
     alive = list(procs); idle = 0
     while alive or copies.pending:
@@ -174,7 +197,7 @@ def run(stages, nblks, C, mode, pingpong, seed, persistent=False, mutation=None,
         idle += 1
         if idle > limit:
             raise RuntimeError(f"deadlock stages={stages} nblks={nblks} C={C} mode={mode} pp={pingpong} persistent={persistent}")
-    assert tokens[2] == 0 and tokens[3] == 0, tokens
+    assert not nbar[2].members and not nbar[3].members, "named barriers unbalanced at exit"
 
 n = 0
 for stages in range(2, 9):
@@ -206,9 +229,10 @@ for stages in range(2, 7):
 print("ok", u, "persistent runs with the union built in the producer")
 
 # Mutations that must fail: the producer's Q copy without waiting for q_empty, a consumer releasing
-# the Q tile before its staged epilogue, the consumers restarting the ring at every tile, the union
-# of tile i + 1 built while copies of tile i - 1 (which read that buffer) are still in flight.
-for mutation in ('q_no_wait', 'q_early_release', 'ring_reset', 'union_no_wait'):
+# the Q buffer before its staged epilogue, the consumers restarting the ring at every tile, the union
+# of tile i + 1 built while copies of tile i - 1 (which read that buffer) are still in flight, the
+# pingpong turns opened and closed at every tile (a warpgroup can then arrive twice in one phase).
+for mutation in ('q_no_wait', 'q_early_release', 'ring_reset', 'union_no_wait', 'pp_per_tile'):
     failed = 0
     for seed in range(200):
         rnd = random.Random(seed)
