@@ -9,11 +9,14 @@
 //     many as the shared memory holds by default). K and V of a stage have their own "full" and
 //     "empty" mbarriers, so K of step i + 1 lands while O += P V of step i still reads V.
 //   * warpgroups 1 .. C, the consumers (setmaxnreg up), 64 query rows each (BM = 64 C): per step
-//     S = Q K^T (wgmma ss), the online softmax of attention.cuh (softmax_probs: the same masking and
+//     S = Q K^T (wgmma rs: Q in registers since session 27, qk_rs; ss in the paired walk), the
+//     online softmax of attention.cuh (softmax_probs: the same masking and
 //     exp2 arithmetic; the rescale of O is deferred), O += P V (wgmma rs). As in the dense kernel the
 //     step-i turn issues S_i and PV_{i-1} together, waits for S_i only and runs softmax_i while
 //     PV_{i-1} is still on the tensor cores; with C = 2 the two warpgroups take turns issuing
 //     (pingpong on named barriers 2 and 3), so one's softmax overlaps the other's GEMMs.
+// With two consumer warpgroups the grid is persistent by default (kPersist, below): one CTA per SM
+// walks several tiles, the next tile's Q and first K/V stages landing while the current one runs.
 // C (1 or 2 consumer warpgroups) is a template parameter chosen by the host from the group's rows:
 // 2 (BM 128) for groups of more than 64 rows -- PERF.md's 256-row groups are two CTAs that gather
 // the same keys (the second from L2); 1 (BM 64, 256 threads, two CTAs per SM: at hd128 2 stages
