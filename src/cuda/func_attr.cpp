@@ -15,6 +15,24 @@ int current_device() {
   return -1;
 }
 
+// Attribute `attr` of the current device, cached per device (0, with the error cleared, on failure).
+int device_attribute(cudaDeviceAttr attr) {
+  static std::mutex m;
+  static std::map<std::pair<int, int>, int> values;
+  const int dev = current_device();
+  if (dev < 0) return 0;
+  std::lock_guard<std::mutex> lock(m);
+  const auto it = values.find({dev, static_cast<int>(attr)});
+  if (it != values.end()) return it->second;
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  values[{dev, static_cast<int>(attr)}] = v;
+  return v;
+}
+
 }  // namespace
 
 int func_ptx_version(const void* fn) {
@@ -36,21 +54,8 @@ int func_ptx_version(const void* fn) {
   return fa.ptxVersion;
 }
 
-int current_device_major() {
-  static std::mutex m;
-  static std::map<int, int> majors;
-  const int dev = current_device();
-  if (dev < 0) return 0;
-  std::lock_guard<std::mutex> lock(m);
-  const auto it = majors.find(dev);
-  if (it != majors.end()) return it->second;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  majors[dev] = major;
-  return major;
-}
+int current_device_major() { return device_attribute(cudaDevAttrComputeCapabilityMajor); }
+
+int current_device_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
 }  // namespace sparge::cuda

@@ -9,7 +9,7 @@
 //     many as the shared memory holds by default). K and V of a stage have their own "full" and
 //     "empty" mbarriers, so K of step i + 1 lands while O += P V of step i still reads V.
 //   * warpgroups 1 .. C, the consumers (setmaxnreg up), 64 query rows each (BM = 64 C): per step
-//     S = Q K^T (wgmma rs: Q in registers since session 27, qk_rs; ss in the paired walk), the
+//     S = Q K^T (wgmma rs: Q in registers since session 27; ss in the paired walk), the
 //     online softmax of attention.cuh (softmax_probs: the same masking and
 //     exp2 arithmetic; the rescale of O is deferred), O += P V (wgmma rs). As in the dense kernel the
 //     step-i turn issues S_i and PV_{i-1} together, waits for S_i only and runs softmax_i while
@@ -71,8 +71,6 @@
 // (noinc) or arrived (wait mode: V_{i-S} after K_{i-S+1} is issued, K_{i-S+1} at the end of its
 // iteration) in producer iterations <= i - 1.
 #pragma once
-
-#include <type_traits>
 
 #include "cuda/attention/sm90/pipeline.cuh"
 #include "cuda/attention/sm90/wgmma.cuh"
@@ -136,29 +134,6 @@ __device__ __forceinline__ void fence_regs(std::uint32_t (&p)[N][4]) {
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[i][e])::"memory");
-}
-
-// S (+)= Q K^T in the RS form (m64n64k16): A = this warp's 16 rows of Q for one 16-column k-step, from
-// registers (ws_load_q); B = K, K-major in shared memory (imm-trans-b = 0); scale_d == 0 overwrites S.
-// The consumers hold Q in registers for the whole tile, so a step's QK^T reads only K from shared memory
-// (at 64 keys per step Q was half of QK^T's operand reads, re-read every step).
-template <class T>
-__device__ __forceinline__ void qk_rs(float (&d)[8][4], const std::uint32_t (&a)[4], std::uint64_t b_desc, int scale_d) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
-  }
 }
 
 // This warp's 16 rows of its warpgroup's Q tile (64 x D, 128-byte swizzled slabs of 64 columns) as wgmma A
@@ -528,10 +503,10 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       const std::uint32_t q_parity = kPersist ? static_cast<std::uint32_t>((j >> 1) & 1) : 0u;
       unsigned char* q_tile = sq + (qb * C + cw) * kTile;
       // Descriptors as a base per tile plus each k-step's constant offset (sm90/wgmma.cuh, DescBase:
-      // the same bits as k_major_desc / mn_major_desc). The unpaired walk holds Q in registers
-      // (qk_rs): loaded once per tile, after its copies have landed (ldmatrix reads through the
-      // generic proxy: no proxy fence). The paired walk's 64 score registers leave no room for it
-      // (ptxas serialized its wgmmas, C7512), so it keeps Q in shared memory.
+      // the same bits as k_major_desc / mn_major_desc). The unpaired walk holds Q in registers (QK^T
+      // by Wgmma<T, 64>::rs_kmajor): loaded once per tile, after its copies have landed (ldmatrix
+      // reads through the generic proxy: no proxy fence). The paired walk's 64 score registers leave
+      // no room for it (ptxas serialized its wgmmas, C7512), so it keeps Q in shared memory.
       constexpr bool kQRegs = !kPair;
       const wg::DescBase qd = wg::k_major_base(smem_addr(q_tile));
       std::uint32_t qa[kQRegs ? D / 16 : 1][4];
@@ -682,7 +657,7 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
         auto issue_qk = [&](int st) {
           const wg::DescBase kd = wg::k_major_base(smem_addr(skv + st * 2 * kTile));
 #pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks) qk_rs<T>(s, qa[ks], kd.at(wg::k_major_offset(kSlab, ks)), ks > 0 ? 1 : 0);
+          for (int ks = 0; ks < D / 16; ++ks) wg::Wgmma<T, 64>::rs_kmajor(s, qa[ks], kd.at(wg::k_major_offset(kSlab, ks)), ks > 0 ? 1 : 0);
           wg::wgmma_commit();
         };
         auto issue_pv = [&](int st) {

@@ -188,7 +188,8 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   // step 0.088 -> 0.082-0.084 ms, 0.124-0.125 -> 0.119-0.120 ms per call back to back at PERF.md's shape), two Q
   // buffers, so one K/V stage fewer at hd128 (4); with two consumer warpgroups, the noinc producer with prefetch,
   // unpaired. SPARGE_GATHER_WS_PERSIST=0: the one-tile-per-CTA grid.
-  const bool persist = env_int("SPARGE_GATHER_WS_PERSIST", 1) == 1 && consumers == 2 && pf && env_int("SPARGE_GATHER_WS_PAIR", 0) != 1;
+  const bool pair_req = env_int("SPARGE_GATHER_WS_PAIR", 0) == 1;
+  const bool persist = env_int("SPARGE_GATHER_WS_PERSIST", 1) == 1 && consumers == 2 && pf && !pair_req;
   const int q_tiles = (persist ? 2 : 1) * consumers;
   const int max_stages = std::min(gather::kWsMaxStages, (kSmemMax - 1024 - pf_fixed - q_tiles * tile) / (2 * tile + pf_stage));
   const int two_cta_stages = std::min(gather::kWsMaxStages, (kSmemHalf - 1024 - pf_fixed - tile) / (2 * tile + pf_stage));
@@ -198,7 +199,7 @@ AttnChoice select_ws(const GatherPlan& plan, int group_rows) {
   stages = std::max(stages, 2);
   // Paired consumers need the mask words in the ring (prefetch) and at least 3 stages (a turn
   // holds the previous pair's two V stages while it waits for its two K stages).
-  const bool pair = !persist && env_int("SPARGE_GATHER_WS_PAIR", 0) == 1 && pf && stages >= 3;
+  const bool pair = pair_req && pf && stages >= 3;
   const bool f16 = plan.dtype == DType::f16;
   AttnChoice c = d == 64 ? (f16 ? pick_ws<__half, 64>(consumers, stages, pf, pair, persist) : pick_ws<__nv_bfloat16, 64>(consumers, stages, pf, pair, persist))
                          : (f16 ? pick_ws<__half, 128>(consumers, stages, pf, pair, persist) : pick_ws<__nv_bfloat16, 128>(consumers, stages, pf, pair, persist));
@@ -689,22 +690,21 @@ Status gather_attention(const GatherAttentionParams& p) {
   if (e != cudaSuccess) return cuda_fail("cannot configure shared memory", e);
   const unsigned row_tiles = static_cast<unsigned>((geo.rows + tile_rows - 1) / tile_rows);
   // The persistent ws walk: one CTA per SM (at most one per tile), each walking the wave's tiles
-  // with stride gridDim.x (attention_ws.cuh, kPersist).
-  int sms = 0;
+  // with stride gridDim.x (attention_ws.cuh, kPersist). SPARGE_GATHER_WS_PERSIST_CTAS=n (tests): at
+  // most n CTAs, so small problems walk several tiles each.
+  int ctas = 0;
   if (ac.ws_persist) {
-    int dev = 0;
-    e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return cuda_fail("cannot read the SM count", e);
+    ctas = current_device_sms();
+    if (ctas <= 0) return cuda_fail("cannot read the SM count", cudaErrorInvalidDevice);
+    const int cap = env_int("SPARGE_GATHER_WS_PERSIST_CTAS", 0);
+    if (cap > 0) ctas = std::min(cap, ctas);
     aa.ws_row_tiles = static_cast<int>(row_tiles);
   }
   auto attn_grid = [&](unsigned n) {
     if (!ac.ws_persist) return dim3(row_tiles, n);
     const std::int64_t tiles = static_cast<std::int64_t>(row_tiles) * n;
     aa.ws_tiles = tiles;
-    // SPARGE_GATHER_WS_PERSIST_CTAS=n (tests): at most n CTAs, so small problems walk several tiles each.
-    const int cap = env_int("SPARGE_GATHER_WS_PERSIST_CTAS", 0);
-    return dim3(static_cast<unsigned>(std::min<std::int64_t>(tiles, cap > 0 ? std::min(cap, sms) : sms)));
+    return dim3(static_cast<unsigned>(std::min<std::int64_t>(tiles, ctas)));
   };
   Profile prof(stream);
   SideStream side(stream);  // after the buffers: destroyed first, so the caller's stream waits for it
