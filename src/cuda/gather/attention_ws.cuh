@@ -362,6 +362,10 @@ __global__ void __launch_bounds__(WsShape<C>::kThreads, WsShape<C>::kMinBlocks) 
       };
       int rk = 0, wk = kWsKeyAhead;  // prefetch: the slots read and written this step
       if (prefetch) {
+        // kPersist: the previous tile's last steps read these slots in other lanes of this warp;
+        // their reads come before this tile's copies only with a warp barrier in between (racecheck,
+        // session 28: a WAR hazard at the tile boundary without it).
+        if constexpr (kPersist) __syncwarp();
         for (int s = 0; s < kWsKeyAhead; ++s) {
           copy_keys(s, s);
           cp_async_commit();
