@@ -10,21 +10,6 @@
 
 namespace sparge::cuda::attn {
 
-// ---- lazy rescaling of the online softmax (session 28) -----------------------------------------
-// The running max m of a row is only the reference its probabilities are taken against
-// (P = 2^(s - m)); O and l share it, and O / l and the LSE m + log2(l) do not depend on it, only the
-// rounding does. lazy_max moves it to the new maximum only when that exceeds it by more than
-// kLazyLog2 (log2 units), so P <= 2^8 = 256 (exact enough in f16 / bf16, far from their range) and
-// most key tiles after the first leave m, hence alpha = 2^0 = 1 exactly and O's rescale is skipped
-// where a whole warp agrees. m = -inf (no key yet) takes the first finite max (x - -inf = +inf);
-// -inf - -inf is NaN, which the comparison rejects. Not for the pv_threshold vote (it compares
-// against the true running max) nor the fp8 recipe (P = 2^(s - m + 8) must stay inside e4m3).
-constexpr float kLazyLog2 = 8.0f;
-__device__ __forceinline__ float lazy_max(float m, float x) {
-  const float mx = fmaxf(m, x);
-  return mx - m > kLazyLog2 ? mx : m;
-}
-
 // ---- element types -----------------------------------------------------------------------------
 // Elem<T> packs two fp32 values into one .b32 register of T (the lower column in the low half, as
 // the mma fragments expect) and names the mma's type suffix.

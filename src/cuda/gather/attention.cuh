@@ -18,7 +18,6 @@
 
 #include <cstdint>
 
-#include "cuda/attention/primitives.cuh"
 #include "cuda/gather/gather_common.cuh"
 
 namespace sparge::cuda::gather {
@@ -211,9 +210,7 @@ __device__ __forceinline__ void softmax_probs(float (&s)[kNT][4], float (&m)[2],
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // kFast: lazy rescaling (attn::lazy_max; session 28: O's rescale ran in 66% of the ws
-    // consumers' 64-key steps at PERF.md's shape with the exact running max).
-    const float m_new = kFast ? attn::lazy_max(m[hrow], mx * scale_log2) : fmaxf(m[hrow], mx * scale_log2);
+    const float m_new = fmaxf(m[hrow], mx * scale_log2);
     // A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0
     // rather than NaN (-inf - -inf). Masked scores are -inf: fma(-inf, scale, -m) = -inf, P = 0.
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;

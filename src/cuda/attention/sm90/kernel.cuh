@@ -881,14 +881,12 @@ struct Consumer {
       const auto same_scale = [scale](int, int) { return scale; };
       constexpr bool kSplit = Tr::kPair && kVote == kVoteWarp;
       if constexpr (Tr::kRowStagger && kVote == kVoteOff) {
-        // Without the vote, m is a lazy reference (attn::lazy_max): O's rescale only where a row's max
-        // passes it by more than 2^8.
         float m_old[2] = {m[0], m[1]};
-        m[0] = lazy_max(m[0], quad_max(raw_max<0, Tr::kKTiles>(0)) * scale);
+        m[0] = fmaxf(m[0], quad_max(raw_max<0, Tr::kKTiles>(0)) * scale);
         exponentiate_row<0>(0, m_old, alpha, same_scale);
         // Row 0's first probability is >= 0 or NaN; fminf with 0 gives +0 either way (a NaN row stays its own).
         const float dep = fminf(s[0][0], 0.0f);
-        m[1] = lazy_max(m[1], quad_max(raw_max<0, Tr::kKTiles, true>(1, dep)) * scale);
+        m[1] = fmaxf(m[1], quad_max(raw_max<0, Tr::kKTiles, true>(1, dep)) * scale);
         exponentiate_row<0>(1, m_old, alpha, same_scale);
         return 0;
       }
